@@ -1,0 +1,74 @@
+"""What the gateway asks of a streaming guard. Pure types and a protocol: no HTTP here.
+
+The gateway's stream is a chain ``engine deltas -> guard.watch() -> SSE``. ``watch`` consumes the
+engine's :class:`~inference.types.TokenDelta` stream of one choice and yields only the deltas it has
+already scored (hold-back), and at most one :class:`SafetyCut` as its last item. A cut means the
+caller must abort the engine request and finish the choice with ``finish_reason="content_filter"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from inference.types import TokenDelta
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureActivation:
+    id: int
+    activation: float
+
+
+@dataclass(frozen=True, slots=True)
+class SafetyCut:
+    """Why and where the guard stopped a prompt or a stream. Serialised as the ``safety`` extension."""
+
+    category: str
+    score: float
+    threshold: float
+    token_offset: int                    # index (0-based) of the first withheld generated token
+    features: tuple[FeatureActivation, ...] = ()
+    gate: str = "response"               # "prompt" | "response"
+    char_offset: int | None = None
+    decision: str = "intervened"         # "intervened" | "guard_error" (fail-closed)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["features"] = [asdict(f) for f in self.features]
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class GuardPolicy:
+    """Per-request / per-tenant policy. ``None`` fields fall back to the calibrated artifact values."""
+
+    enabled: bool = True
+    prompt_threshold: float | None = None
+    response_threshold: float | None = None
+    hold_back: int = 1                   # tokens withheld until scored (>= 1 means never send unscored)
+    fail_closed: bool = True
+    mode: str | None = None              # "max" | "debounce" | "decay"; None = artifact default
+    categories: tuple[str, ...] = field(default_factory=tuple)   # empty = all
+
+
+@runtime_checkable
+class StreamGuard(Protocol):
+    """A monitor the gateway can put in the stream."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def name(self) -> str: ...
+
+    async def check_prompt(self, prompt_text: str, policy: GuardPolicy) -> SafetyCut | None:
+        """Prompt gate: a cut here means HTTP 400 ``content_filter`` before generation starts."""
+        ...
+
+    def watch(
+        self, prompt_text: str, deltas: AsyncIterator[TokenDelta], policy: GuardPolicy
+    ) -> AsyncIterator[TokenDelta | SafetyCut]:
+        """Response gate for one choice: yield scored deltas, then at most one cut (last item)."""
+        ...
