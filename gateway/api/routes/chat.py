@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from gateway.api.streaming import json_response, sse_response
+from gateway.deps import ChatDep
+from gateway.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse
+from gateway.serving.common import StreamStats
+
+router = APIRouter(tags=["chat"])
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=ChatCompletion,
+    responses={400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+)
+async def create_chat_completion(req: ChatCompletionRequest, serving: ChatDep) -> Response:
+    """Create a chat completion (streamed as SSE when `stream` is true), guarded token by token."""
+    prepared = await serving.prepare(req)
+    stats = StreamStats(route="chat", model=prepared.model)
+    if req.stream:
+        return sse_response(serving.stream(prepared, stats), stats, prepared.id)
+    return json_response(await serving.complete(prepared, stats), stats, prepared.id)

@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from gateway.api.streaming import json_response, sse_response
+from gateway.deps import CompletionDep
+from gateway.protocol import Completion, CompletionRequest, ErrorResponse
+from gateway.serving.common import StreamStats
+
+router = APIRouter(tags=["completions"])
+
+
+@router.post(
+    "/v1/completions",
+    response_model=Completion,
+    responses={400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+)
+async def create_completion(req: CompletionRequest, serving: CompletionDep) -> Response:
+    """Create a text completion; `echo` with `logprobs` (and `max_tokens=0`) scores the prompt."""
+    prepared = await serving.prepare(req)
+    stats = StreamStats(route="completions", model=prepared.model)
+    if req.stream:
+        return sse_response(serving.stream(prepared, stats), stats, prepared.id)
+    return json_response(await serving.complete(prepared, stats), stats, prepared.id)

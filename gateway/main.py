@@ -1,0 +1,125 @@
+"""The FastAPI application: ``create_app(settings)`` wires settings, engine, guard and routers.
+
+The engine loads in a worker thread after the app starts, so ``/health`` answers at once and
+``/ready`` turns 200 when the weights are in. Tests pass a scripted engine instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from gateway import metrics
+from gateway.api.routes import chat, completions, health, models
+from gateway.config import Settings, get_settings
+from gateway.errors import OpenAIError, install_error_handlers
+from gateway.serving.chat import ServingChat
+from gateway.serving.completions import ServingCompletion
+from guard.api import GuardPolicy, StreamGuard
+from inference.engine import EngineClient
+
+log = logging.getLogger(__name__)
+
+EngineFactory = Callable[[Settings], EngineClient]
+
+
+def _default_engine_factory(settings: Settings) -> EngineClient:
+    from inference.vllm_engine import VLLMEngineClient
+
+    return VLLMEngineClient.from_settings(settings.inference)
+
+
+def _set_engine(app: FastAPI, engine: EngineClient | None) -> None:
+    st = app.state
+    st.engine = engine
+    st.serving_chat = ServingChat(engine, st.guard, st.guard_policy, allow_guard_disable=st.allow_guard_disable)
+    st.serving_completion = ServingCompletion(
+        engine, st.guard, st.guard_policy, allow_guard_disable=st.allow_guard_disable
+    )
+    if engine is not None:
+        metrics.set_engine_running_source(lambda: float(engine.num_running()))
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    engine: EngineClient | None = None,
+    engine_factory: EngineFactory | None = None,
+    guard: StreamGuard | None = None,
+    guard_policy: GuardPolicy | None = None,
+    allow_guard_disable: bool = True,
+) -> FastAPI:
+    settings = settings or get_settings()
+    factory = engine_factory or _default_engine_factory
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loader: asyncio.Task[Any] | None = None
+        if app.state.engine is None:
+            async def load() -> None:
+                try:
+                    eng = await asyncio.to_thread(factory, settings)
+                except Exception as e:     # keep serving /health and report the cause on /ready
+                    log.exception("engine failed to load")
+                    app.state.engine_error = f"{type(e).__name__}: {e}"
+                    return
+                _set_engine(app, eng)
+                log.info("engine ready: %s", eng.model_card.id)
+
+            loader = asyncio.create_task(load())
+        try:
+            yield
+        finally:
+            app.state.draining = True
+            if loader is not None and not loader.done():
+                loader.cancel()
+                with contextlib.suppress(BaseException):
+                    await loader
+            if app.state.engine is not None and app.state.owns_engine:
+                with contextlib.suppress(Exception):
+                    await app.state.engine.shutdown()
+
+    app = FastAPI(
+        title="nextguard",
+        version="0.1.0",
+        description="OpenAI-compatible streaming gateway with a token-level safety guard.",
+        lifespan=lifespan,
+    )
+    st = app.state
+    st.settings = settings
+    st.guard = guard
+    st.guard_required = guard is not None
+    st.guard_policy = guard_policy or GuardPolicy(enabled=guard is not None)
+    st.allow_guard_disable = allow_guard_disable
+    st.engine_error = None
+    st.draining = False
+    st.owns_engine = engine is None
+    _set_engine(app, engine)
+
+    install_error_handlers(app)
+
+    max_body = settings.server.max_body_bytes
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None:
+            try:
+                too_big = int(length) > max_body
+            except ValueError:
+                too_big = True
+            if too_big:
+                err = OpenAIError(413, f"Request body larger than {max_body} bytes.", code="request_too_large")
+                return JSONResponse(err.body(), status_code=413)
+        return await call_next(request)
+
+    for r in (chat.router, completions.router, models.router, health.router):
+        app.include_router(r)
+    return app

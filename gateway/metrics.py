@@ -1,0 +1,82 @@
+"""Every Prometheus object the gateway owns. Serving code fills a ``StreamStats`` and calls
+:func:`record`; nothing else touches ``prometheus_client`` directly.
+
+vLLM's own ``vllm:*`` metrics live in the same default registry (the in-process engine registers
+them), so ``/metrics`` shows both. With several uvicorn workers set ``PROMETHEUS_MULTIPROC_DIR``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from gateway.serving.common import StreamStats
+
+# Ladders follow vLLM's TTFT / TPOT buckets so gateway and engine panels line up.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+REQUESTS = Counter("gateway_requests_total", "Requests by route and HTTP status", ["route", "status"])
+TTFT = Histogram(
+    "gateway_time_to_first_token_seconds", "Arrival to first content token sent", ["model"], buckets=TTFT_BUCKETS
+)
+ITL = Histogram("gateway_inter_token_latency_seconds", "Time between content tokens sent", ["model"], buckets=ITL_BUCKETS)
+E2E = Histogram("gateway_request_seconds", "Arrival to last byte", ["route"], buckets=TTFT_BUCKETS)
+PROMPT_TOKENS = Counter("gateway_prompt_tokens_total", "Prompt tokens", ["model"])
+COMPLETION_TOKENS = Counter("gateway_completion_tokens_total", "Completion tokens sent to clients", ["model"])
+FINISH = Counter("gateway_finish_total", "Finished choices by finish_reason", ["model", "finish_reason"])
+GUARD_DECISIONS = Counter(
+    "gateway_guard_decisions_total", "Guard decisions (a cut is 'intervened', never an error)", ["decision", "category", "model"]
+)
+CUT_POSITION = Histogram("gateway_cut_position_tokens", "Generated tokens before a cut", ["model"], buckets=TOKEN_BUCKETS)
+DISCONNECTS = Counter("gateway_client_disconnects_total", "Clients that went away mid-stream", ["route"])
+UPSTREAM_ABORTS = Counter("gateway_upstream_aborts_total", "Engine requests aborted by the gateway", ["reason"])
+ERRORS = Counter("gateway_errors_total", "Errors after the response started", ["stage"])
+ENGINE_RUNNING = Gauge("gateway_engine_requests_running", "Requests inside the engine (running or waiting)")
+
+
+def set_engine_running_source(fn: Callable[[], float]) -> None:
+    """Sample the engine's live request count at scrape time (exact even when the engine is idle)."""
+    ENGINE_RUNNING.set_function(fn)
+
+
+def record(stats: StreamStats) -> None:
+    model = stats.model
+    if stats.first_token_at is not None:
+        TTFT.labels(model).observe(stats.first_token_at - stats.started)
+    for gap in stats.itl:
+        ITL.labels(model).observe(gap)
+    PROMPT_TOKENS.labels(model).inc(stats.prompt_tokens)
+    COMPLETION_TOKENS.labels(model).inc(stats.completion_tokens)
+    for f in stats.finish_reasons:
+        FINISH.labels(model, f).inc()
+    for cut in stats.cuts:
+        GUARD_DECISIONS.labels(cut.decision, cut.category, model).inc()
+        CUT_POSITION.labels(model).observe(cut.token_offset)
+        UPSTREAM_ABORTS.labels("guard_cut").inc()
+    if stats.disconnected:
+        DISCONNECTS.labels(stats.route).inc()
+        UPSTREAM_ABORTS.labels("client_disconnect").inc()
+    if stats.error:
+        ERRORS.labels(stats.error).inc()
+
+
+def render() -> tuple[bytes, str]:
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

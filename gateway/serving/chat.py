@@ -1,0 +1,235 @@
+"""``POST /v1/chat/completions``: request → prompt gate → per-choice chains (engine → guard) → chunks.
+
+Only ``gateway.sse`` turns the chunk objects into bytes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from gateway.errors import OpenAIError, bad_request
+from gateway.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatTokenLogprob,
+    ChoiceLogprobs,
+    DeltaMessage,
+    SafetyInfo,
+    TopLogprob,
+    Usage,
+)
+from gateway.serving.common import (
+    StreamStats,
+    check_model,
+    check_prompt_len,
+    choice_options,
+    choice_stream,
+    content_filter_error,
+    merge,
+    new_id,
+    policy_from,
+    stop_tuple,
+)
+from guard.api import GuardPolicy, SafetyCut, StreamGuard
+from inference.engine import EngineClient
+from inference.types import SamplingOptions, TokenDelta, TokenLogprob
+
+
+@dataclass(slots=True)
+class PreparedChat:
+    id: str
+    created: int
+    model: str
+    prompt_ids: list[int]
+    prompt_text: str
+    options: SamplingOptions
+    policy: GuardPolicy
+    n: int
+    include_usage: bool
+    want_logprobs: bool
+
+
+def guard_prompt_text(req: ChatCompletionRequest) -> str:
+    """The conversation as the guard reads it: one user turn is just its text; longer conversations keep roles."""
+    turns = [m for m in req.messages if m.role not in ("system", "developer")]
+    if len(turns) == 1 and turns[0].role == "user":
+        return turns[0].text()
+    return "\n".join(f"{m.role}: {m.text()}" for m in req.messages)
+
+
+def chat_logprobs(lps: list[TokenLogprob] | None) -> ChoiceLogprobs | None:
+    if lps is None:
+        return None
+    return ChoiceLogprobs(
+        content=[
+            ChatTokenLogprob(
+                token=lp.token,
+                logprob=lp.logprob,
+                bytes=list(lp.token.encode()),
+                top_logprobs=[TopLogprob(token=t, logprob=v, bytes=list(t.encode())) for _, t, v in lp.top],
+            )
+            for lp in lps
+        ]
+    )
+
+
+class ServingChat:
+    def __init__(
+        self,
+        engine: EngineClient | None,
+        guard: StreamGuard | None,
+        default_policy: GuardPolicy,
+        *,
+        allow_guard_disable: bool,
+    ) -> None:
+        self.engine = engine
+        self.guard = guard
+        self.default_policy = default_policy
+        self.allow_guard_disable = allow_guard_disable
+
+    async def prepare(self, req: ChatCompletionRequest) -> PreparedChat:
+        engine = check_model(self.engine, req.model)
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+        try:
+            prompt_ids = engine.apply_chat_template(messages)
+        except Exception as e:  # template errors are the caller's message shape, not a server fault
+            raise bad_request(f"Could not apply the chat template to 'messages': {e}", param="messages") from e
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        check_prompt_len(len(prompt_ids), max_tokens, engine.model_card.max_model_len)
+        want_logprobs = bool(req.logprobs)
+        options = SamplingOptions(
+            max_tokens=max_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            seed=req.seed,
+            stop=stop_tuple(req.stop),
+            n=1,
+            logprobs=(req.top_logprobs or 0) if want_logprobs else None,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            ignore_eos=req.ignore_eos,
+            min_tokens=req.min_tokens,
+        )
+        policy = policy_from(self.default_policy, req.guard, allow_disable=self.allow_guard_disable)
+        prompt_text = guard_prompt_text(req)
+        if self.guard is not None and policy.enabled:
+            cut = await self.guard.check_prompt(prompt_text, policy)
+            if cut is not None:
+                raise content_filter_error(cut)
+        return PreparedChat(
+            id=new_id("chatcmpl"),
+            created=int(time.time()),
+            model=engine.model_card.id,
+            prompt_ids=prompt_ids,
+            prompt_text=prompt_text,
+            options=options,
+            policy=policy,
+            n=req.n or 1,
+            include_usage=bool(req.stream_options and req.stream_options.include_usage),
+            want_logprobs=want_logprobs,
+        )
+
+    def _streams(self, p: PreparedChat) -> list[AsyncIterator[TokenDelta | SafetyCut]]:
+        assert self.engine is not None
+        return [
+            choice_stream(
+                self.engine, self.guard, p.policy, p.prompt_ids, p.prompt_text, choice_options(p.options, i), f"{p.id}-{i}"
+            )
+            for i in range(p.n)
+        ]
+
+    async def stream(self, p: PreparedChat, stats: StreamStats) -> AsyncIterator[ChatCompletionChunk]:
+        """Chunk objects for one streamed request (role first, content, finish, optional usage)."""
+        stats.prompt_tokens = len(p.prompt_ids)
+
+        def chunk(choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
+            return ChatCompletionChunk(id=p.id, created=p.created, model=p.model, choices=choices)
+
+        for i in range(p.n):
+            yield chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
+        async for i, item in merge(self._streams(p)):
+            if isinstance(item, SafetyCut):
+                stats.cuts.append(item)
+                stats.finish_reasons.append("content_filter")
+                yield chunk(
+                    [
+                        ChatChunkChoice(
+                            index=i, delta=DeltaMessage(), finish_reason="content_filter", safety=SafetyInfo(**item.to_dict())
+                        )
+                    ]
+                )
+                continue
+            stats.on_tokens(len(item.token_ids))
+            finish = _finish(item)
+            if finish:
+                stats.finish_reasons.append(finish)
+            if not item.text and not finish and not (p.want_logprobs and item.logprobs):
+                continue
+            yield chunk(
+                [
+                    ChatChunkChoice(
+                        index=i,
+                        delta=DeltaMessage(content=item.text) if item.text else DeltaMessage(),
+                        logprobs=chat_logprobs(item.logprobs) if p.want_logprobs else None,
+                        finish_reason=finish,
+                    )
+                ]
+            )
+        if p.include_usage:
+            u = Usage(
+                prompt_tokens=stats.prompt_tokens,
+                completion_tokens=stats.completion_tokens,
+                total_tokens=stats.prompt_tokens + stats.completion_tokens,
+            )
+            yield ChatCompletionChunk(id=p.id, created=p.created, model=p.model, choices=[], usage=u)
+
+    async def complete(self, p: PreparedChat, stats: StreamStats) -> ChatCompletion:
+        stats.prompt_tokens = len(p.prompt_ids)
+        texts = [""] * p.n
+        lps: list[list[TokenLogprob]] = [[] for _ in range(p.n)]
+        finish: list[str | None] = [None] * p.n
+        safety: list[SafetyInfo | None] = [None] * p.n
+        async for i, item in merge(self._streams(p)):
+            if isinstance(item, SafetyCut):
+                stats.cuts.append(item)
+                finish[i] = "content_filter"
+                safety[i] = SafetyInfo(**item.to_dict())
+                continue
+            stats.on_tokens(len(item.token_ids))
+            texts[i] += item.text
+            if item.logprobs:
+                lps[i].extend(item.logprobs)
+            if item.finish_reason:
+                finish[i] = _finish(item)
+        stats.finish_reasons.extend(f for f in finish if f)
+        choices = [
+            ChatChoice(
+                index=i,
+                message=AssistantMessage(content=texts[i]),
+                logprobs=chat_logprobs(lps[i]) if p.want_logprobs else None,
+                finish_reason=finish[i] or "stop",  # type: ignore[arg-type]
+                safety=safety[i],
+            )
+            for i in range(p.n)
+        ]
+        usage = Usage(
+            prompt_tokens=stats.prompt_tokens,
+            completion_tokens=stats.completion_tokens,
+            total_tokens=stats.prompt_tokens + stats.completion_tokens,
+        )
+        return ChatCompletion(id=p.id, created=p.created, model=p.model, choices=choices, usage=usage)
+
+
+def _finish(item: TokenDelta) -> str | None:
+    if item.finish_reason is None:
+        return None
+    if item.finish_reason in ("stop", "length"):
+        return item.finish_reason
+    # We stop reading a choice before our own aborts (cut, disconnect) can surface here, so an "abort" or
+    # "error" is the engine's doing: report it as an error rather than invent a finish reason.
+    raise OpenAIError(500, f"The engine ended the request early ({item.finish_reason}).", code="engine_error")

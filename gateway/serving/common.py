@@ -1,0 +1,195 @@
+"""Pieces shared by the chat and completions serving classes: request → engine options, the per-choice
+stream chain (engine → guard), and the merge of several choices into one stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import OpenAIError, bad_request, not_found, not_ready
+from guard.api import GuardPolicy, SafetyCut, StreamGuard
+from inference.engine import EngineClient, EngineError, PromptTooLongError
+from inference.types import SamplingOptions, TokenDelta
+
+Item = TokenDelta | SafetyCut
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def check_model(engine: EngineClient | None, model: str) -> EngineClient:
+    if engine is None or not engine.ready:
+        raise not_ready()
+    card = engine.model_card
+    if model not in (card.id, *card.aliases):
+        raise not_found(
+            f"The model '{model}' does not exist. Available: {card.id}", param="model", code="model_not_found"
+        )
+    return engine
+
+
+def stop_tuple(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    return tuple(s for s in stop if s)
+
+
+def check_prompt_len(n_prompt: int, max_tokens: int | None, max_model_len: int) -> None:
+    if n_prompt >= max_model_len:
+        raise bad_request(str(PromptTooLongError(n_prompt, max_model_len)), param="messages", code="context_length_exceeded")
+    if max_tokens is not None and n_prompt + max_tokens > max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the completion). "
+            "Please reduce the prompt or max_tokens.",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+
+
+def choice_options(base: SamplingOptions, i: int) -> SamplingOptions:
+    """Choice ``i`` of ``n`` runs as its own engine request, so a guard cut can stop one choice alone.
+    With a fixed seed the choices must still differ, hence ``seed + i``."""
+    if base.seed is None:
+        return base
+    return SamplingOptions(**{**_asdict(base), "seed": base.seed + i})
+
+
+def _asdict(o: SamplingOptions) -> dict[str, Any]:
+    return {f: getattr(o, f) for f in o.__slots__}  # type: ignore[attr-defined]
+
+
+@dataclass(slots=True)
+class StreamStats:
+    """Per-request measurements, recorded into Prometheus by ``gateway.metrics.record``."""
+
+    route: str
+    model: str
+    started: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    itl: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cuts: list[SafetyCut] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)
+    disconnected: bool = False
+    error: str | None = None
+
+    def on_tokens(self, n: int) -> None:
+        if n <= 0:
+            return
+        now = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        elif self.last_token_at is not None:
+            self.itl.append((now - self.last_token_at) / n)
+        self.last_token_at = now
+        self.completion_tokens += n
+
+
+async def choice_stream(
+    engine: EngineClient,
+    guard: StreamGuard | None,
+    policy: GuardPolicy,
+    prompt_ids: list[int],
+    prompt_text: str,
+    options: SamplingOptions,
+    request_id: str,
+) -> AsyncIterator[Item]:
+    """engine deltas → (guard.watch) for one choice. A cut aborts the engine request at once."""
+    deltas = engine.generate(prompt_ids, options, request_id)
+    source: AsyncIterator[Item] = deltas
+    if guard is not None and policy.enabled:
+        source = guard.watch(prompt_text, deltas, policy)
+    try:
+        async for item in source:
+            if isinstance(item, SafetyCut):
+                await engine.abort(request_id)
+                yield item
+                return
+            yield item
+    except EngineError as e:
+        raise OpenAIError(500, f"The engine failed while generating: {e}", code="engine_error") from e
+    finally:
+        # Closing the chain closes vLLM's generator too, which aborts the request if it is still running
+        # (client disconnect, cut, or error). Abort explicitly as well: it is idempotent and immediate.
+        with contextlib.suppress(Exception):
+            await source.aclose()  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):
+            await engine.abort(request_id)
+
+
+async def merge(streams: Sequence[AsyncIterator[Item]]) -> AsyncIterator[tuple[int, Item]]:
+    """Interleave several choice streams as items arrive; one stream needs no task at all."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue[tuple[int, Item | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, s: AsyncIterator[Item]) -> None:
+        try:
+            async for item in s:
+                await queue.put((i, item))
+        except BaseException as e:  # forwarded to the consumer, which re-raises it
+            await queue.put((i, e))
+            return
+        await queue.put((i, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def policy_from(default: GuardPolicy, overrides: Any | None, *, allow_disable: bool) -> GuardPolicy:
+    """Apply per-request overrides to the tenant/default policy. A request may switch the guard off only
+    where the operator allows it (``allow_disable``); thresholds and hold-back are the request's to tune."""
+    if overrides is None:
+        return default
+    enabled = default.enabled
+    if overrides.enabled is False and allow_disable:
+        enabled = False
+    return GuardPolicy(
+        enabled=enabled,
+        prompt_threshold=default.prompt_threshold if overrides.prompt_threshold is None else overrides.prompt_threshold,
+        response_threshold=default.response_threshold
+        if overrides.response_threshold is None
+        else overrides.response_threshold,
+        hold_back=overrides.hold_back or default.hold_back,
+        fail_closed=default.fail_closed,
+        mode=default.mode,
+        categories=default.categories,
+    )
+
+
+def content_filter_error(cut: SafetyCut) -> OpenAIError:
+    return OpenAIError(
+        400,
+        f"The prompt was flagged by the safety guard (category: {cut.category}, score {cut.score:.3f} "
+        f">= threshold {cut.threshold:.3f}).",
+        type="invalid_request_error",
+        param="messages",
+        code="content_filter",
+        extra={"safety": cut.to_dict()},
+    )

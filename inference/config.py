@@ -1,0 +1,42 @@
+"""Engine settings. Nested into the root settings tree (``gateway.config.Settings.inference``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+
+class InferenceSettings(BaseModel):
+    """How the in-process vLLM engine is built. Every field maps onto a vLLM engine argument or env var."""
+
+    model: str | None = Field(
+        default=None,
+        description="Hugging Face model id or local folder; empty = the embedded SmolLM2-135M-Instruct.",
+    )
+    served_model_name: str | None = Field(default=None, description="Id clients pass as `model` (default: derived).")
+    revision: str | None = None
+    trust_remote_code: bool = False
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_model_len: int = Field(default=2048, ge=16)
+    max_num_seqs: int = Field(default=64, ge=1)
+    kv_cache_gib: float = Field(default=1.0, gt=0, description="KV-cache size on CPU (VLLM_CPU_KVCACHE_SPACE).")
+    gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    data_parallel_size: int = Field(default=1, ge=1)
+    distributed_executor_backend: Literal["mp", "ray", "uni"] | None = None
+    enforce_eager: bool = Field(default=True, description="CUDA graphs / torch.compile off: fast start, hooks stay live.")
+    enable_prefix_caching: bool | None = None
+    multiprocessing: bool = Field(
+        default=True, description="Engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING); off = seconds to start."
+    )
+    cpu_threads_bind: str = Field(default="auto", description="VLLM_CPU_OMP_THREADS_BIND on CPU.")
+    torch_threads: int | None = Field(default=None, ge=1, description="torch threads in this process (None = leave).")
+    seed: int = 0
+    log_stats: bool = Field(default=True, description="Keep vLLM's `vllm:*` Prometheus metrics.")
+
+    @field_validator("model")
+    @classmethod
+    def _empty_is_default(cls, v: str | None) -> str | None:
+        return v or None
