@@ -38,10 +38,10 @@ class PBSPlan:
     contains the forced sink block and every block of the diagonal segment.
     """
 
-    perm: Tensor            # (batch, perm_heads, N) int64
-    block_mask: Tensor      # (batch, q_heads, T, T) bool
-    block_scores: Tensor    # (batch, q_heads, T, T) float32 proxy softmax over off-diagonal candidates
-    selected: Tensor        # (batch, q_heads, T, T) bool, threshold selection before forcing sink/diagonal
+    perm: Tensor  # (batch, perm_heads, N) int64
+    block_mask: Tensor  # (batch, q_heads, T, T) bool
+    block_scores: Tensor  # (batch, q_heads, T, T) float32 proxy softmax over off-diagonal candidates
+    selected: Tensor  # (batch, q_heads, T, T) bool, threshold selection before forcing sink/diagonal
     n: int
     block_size: int
     segment_size: int
@@ -72,7 +72,9 @@ class PBSPlan:
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, segment_size: int, block_size: int) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be (batch, heads, N, head_dim); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"q, k, v must be (batch, heads, N, head_dim); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
     if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] or q.shape[3] != k.shape[3]:
@@ -117,7 +119,7 @@ def segment_permutation(
     if n_seg == 0:
         return identity
     n_last = min(block_size, n)
-    q_last = q[:, :, n - n_last:, :].float().reshape(bsz, hkv, group * n_last, d)
+    q_last = q[:, :, n - n_last :, :].float().reshape(bsz, hkv, group * n_last, d)
     logits = torch.matmul(q_last, k.float().transpose(-1, -2)) * scale  # (b, hkv, group*n_last, n)
     logits = logits.view(bsz, hkv, group, n_last, n)
     # Causal on original positions: unlike the reference code we do not let the last block see its
@@ -235,14 +237,24 @@ def make_plan(
         raise ValueError(f"Unknown GQA mode {gqa!r}. Available: 'shared', 'replicated'")
     with torch.no_grad():
         if permute:
-            perm = segment_permutation(q, k, segment_size=segment_size, block_size=block_size, gqa=gqa, scale=scale)
+            perm = segment_permutation(
+                q, k, segment_size=segment_size, block_size=block_size, gqa=gqa, scale=scale
+            )
         else:
             heads = k.shape[1] if gqa == "shared" else q.shape[1]
-            perm = torch.arange(q.shape[2], device=q.device).expand(q.shape[0], heads, q.shape[2]).contiguous()
+            perm = (
+                torch.arange(q.shape[2], device=q.device).expand(q.shape[0], heads, q.shape[2]).contiguous()
+            )
         k_src = k if gqa == "shared" else k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         k_perm = k_src.gather(2, perm[..., None].expand(-1, -1, -1, k.shape[-1]))
         block_mask, scores, selected = select_blocks(
-            q, k_perm, perm, threshold=threshold, segment_size=segment_size, block_size=block_size, scale=scale
+            q,
+            k_perm,
+            perm,
+            threshold=threshold,
+            segment_size=segment_size,
+            block_size=block_size,
+            scale=scale,
         )
     return PBSPlan(
         perm=perm,
@@ -273,7 +285,9 @@ def token_key_mask(plan: PBSPlan) -> Tensor:
     return allowed & causal
 
 
-def attention_recall(q: Tensor, k: Tensor, plan: PBSPlan, *, scale: float | None = None, chunk: int = 1024) -> Tensor:
+def attention_recall(
+    q: Tensor, k: Tensor, plan: PBSPlan, *, scale: float | None = None, chunk: int = 1024
+) -> Tensor:
     """Mean over queries of the dense causal softmax mass on the plan's keys, per (batch, q_head).
 
     Computed in query chunks on the (b, hq, chunk, N) score slab so that 8K-32K fits in memory.

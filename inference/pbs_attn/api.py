@@ -93,8 +93,16 @@ def pbs_attention(
         (batch, q_heads, N, head_dim) in ``q.dtype``, original token order.
     """
     out, _ = pbs_attention_with_plan(
-        q, k, v, threshold=threshold, segment_size=segment_size, block_size=block_size,
-        min_len=min_len, gqa=gqa, scale=scale, backend=backend,
+        q,
+        k,
+        v,
+        threshold=threshold,
+        segment_size=segment_size,
+        block_size=block_size,
+        min_len=min_len,
+        gqa=gqa,
+        scale=scale,
+        backend=backend,
     )
     return out
 
@@ -116,7 +124,9 @@ def pbs_attention_with_plan(
     """:func:`pbs_attention` that also returns the plan it used (``None`` when it ran dense)."""
     if use_dense(q.shape[2], threshold=threshold, segment_size=segment_size, min_len=min_len):
         return dense_causal(q, k, v, scale=scale), None
-    plan = make_plan(q, k, threshold=threshold, segment_size=segment_size, block_size=block_size, gqa=gqa, scale=scale)
+    plan = make_plan(
+        q, k, threshold=threshold, segment_size=segment_size, block_size=block_size, gqa=gqa, scale=scale
+    )
     name = default_backend(q) if backend == "auto" else backend
     out = get_backend(name)(q, k, v, plan, scale=scale, **backend_kwargs)
     return out.to(q.dtype), plan

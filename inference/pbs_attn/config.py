@@ -13,7 +13,8 @@ class PBSSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     attention: Literal["dense", "pbs"] = Field(
-        "dense", description="'pbs' turns on permuted block-sparse prefill for prompts of at least min_len tokens."
+        "dense",
+        description="'pbs' turns on permuted block-sparse prefill for prompts of at least min_len tokens.",
     )
     threshold: float = Field(
         0.9, gt=0.0, le=1.0, description="Proxy attention mass τ per (head, query block); 1.0 means dense."

@@ -94,7 +94,10 @@ def build_block_mask(plan: PBSPlan) -> Any:
     part_num, part_idx = _kv_lists(diagonal.contiguous())
     # Pad the index map to whole blocks; padded key slots get an index no query reaches.
     perm_pad = torch.full(
-        (*plan.perm.shape[:2], t * bs), torch.iinfo(torch.int64).max, dtype=torch.int64, device=plan.perm.device
+        (*plan.perm.shape[:2], t * bs),
+        torch.iinfo(torch.int64).max,
+        dtype=torch.int64,
+        device=plan.perm.device,
     )
     perm_pad[..., :n] = plan.perm
     group = plan.perm_group
@@ -107,7 +110,9 @@ def build_block_mask(plan: PBSPlan) -> Any:
     )
 
 
-def flex_pbs_attention(q: Tensor, k: Tensor, v: Tensor, plan: PBSPlan, *, scale: float | None = None) -> Tensor:
+def flex_pbs_attention(
+    q: Tensor, k: Tensor, v: Tensor, plan: PBSPlan, *, scale: float | None = None
+) -> Tensor:
     """Block-sparse causal attention for ``plan`` on CPU via compiled flex_attention."""
     k_perm, v_perm = permute_kv(k, v, plan.perm)
     work = torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype

@@ -14,7 +14,9 @@ from torch import Tensor
 from inference.pbs_attn.algorithm import PBSPlan, token_key_mask
 
 
-def masked_attention_fp64(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, scale: float | None = None) -> Tensor:
+def masked_attention_fp64(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, scale: float | None = None
+) -> Tensor:
     """softmax(q k^T * scale + log(mask)) v in fp64 with GQA by head repetition; mask (b|1, hq|1, N, N)."""
     hq, hkv = q.shape[1], k.shape[1]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
