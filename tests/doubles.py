@@ -1,0 +1,142 @@
+"""Test doubles (never imported by product code): a scripted engine and a scripted guard."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from guard.api import FeatureActivation, GuardPolicy, SafetyCut
+from inference.engine import EngineError
+from inference.types import ModelCard, SamplingOptions, TokenDelta, TokenLogprob
+
+
+class CharTokenizer:
+    """One token per character: ids are code points. Enough for template and usage arithmetic."""
+
+    def __len__(self) -> int:
+        return 0x110000
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: Sequence[int], **_: Any) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tokenize: bool = True) -> Any:
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + ("<assistant>" if add_generation_prompt else "")
+        return self.encode(text) if tokenize else text
+
+
+@dataclass
+class ScriptedEngine:
+    """Yields a fixed list of text pieces (one token each) per request.
+
+    ``fail_after``: raise EngineError after that many pieces. ``delay``: seconds between pieces.
+    """
+
+    pieces: list[str] = field(default_factory=lambda: ["Hello", ",", " world", "!"])
+    finish_reason: str = "stop"
+    fail_after: int | None = None
+    delay: float = 0.0
+    max_model_len: int = 512
+    card_id: str = "scripted"
+    aborted: list[str] = field(default_factory=list)
+    requests: list[tuple[list[int], SamplingOptions, str]] = field(default_factory=list)
+    _running: set[str] = field(default_factory=set)
+
+    @property
+    def model_card(self) -> ModelCard:
+        return ModelCard(id=self.card_id, root="scripted", max_model_len=self.max_model_len, created=0)
+
+    @property
+    def tokenizer(self) -> CharTokenizer:
+        return CharTokenizer()
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> list[int]:
+        return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt)  # type: ignore[no-any-return]
+
+    def num_running(self) -> int:
+        return len(self._running)
+
+    async def abort(self, request_id: str) -> None:
+        if request_id in self._running:
+            self.aborted.append(request_id)
+            self._running.discard(request_id)
+
+    async def shutdown(self) -> None:
+        return None
+
+    async def generate(self, prompt_token_ids: list[int], options: SamplingOptions, request_id: str) -> AsyncIterator[TokenDelta]:
+        self.requests.append((prompt_token_ids, options, request_id))
+        self._running.add(request_id)
+        pieces = list(self.pieces)
+        finish = self.finish_reason
+        if options.max_tokens is not None and options.max_tokens < len(pieces):
+            pieces, finish = pieces[: options.max_tokens], "length"
+        finished = False
+        try:
+            for i, piece in enumerate(pieces):
+                if self.fail_after is not None and i == self.fail_after:
+                    raise EngineError("scripted failure")
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                if request_id not in self._running:
+                    return
+                last = i == len(pieces) - 1
+                lps = None
+                if options.logprobs is not None:
+                    lps = [TokenLogprob(token_id=i, token=piece, logprob=-0.5, top=tuple((i, piece, -0.5) for _ in range(options.logprobs)))]
+                yield TokenDelta(
+                    request_id=request_id,
+                    index=0,
+                    token_ids=[1000 + i],
+                    text=piece,
+                    finish_reason=finish if last else None,  # type: ignore[arg-type]
+                    logprobs=lps,
+                    prompt_token_ids=list(prompt_token_ids) if i == 0 else None,
+                    num_prompt_tokens=len(prompt_token_ids) if i == 0 else None,
+                )
+            finished = True
+        finally:
+            # Like vLLM's AsyncLLM.generate: a generator closed before the end aborts its request.
+            if not finished and request_id in self._running:
+                self.aborted.append(request_id)
+            self._running.discard(request_id)
+
+
+@dataclass
+class ScriptedGuard:
+    """Cuts a response when the text released so far plus the next delta contains ``trigger``; flags
+    prompts containing ``prompt_trigger``. Holds back nothing beyond the delta being judged."""
+
+    trigger: str = "world"
+    prompt_trigger: str = "forbidden"
+    name: str = "scripted-guard"
+    ready: bool = True
+    fail: bool = False
+
+    async def check_prompt(self, prompt_text: str, policy: GuardPolicy) -> SafetyCut | None:
+        if self.prompt_trigger in prompt_text:
+            return SafetyCut(category="test", score=0.9, threshold=0.5, token_offset=0, gate="prompt",
+                             features=(FeatureActivation(7, 1.5),))
+        return None
+
+    async def watch(self, prompt_text: str, deltas: AsyncIterator[TokenDelta], policy: GuardPolicy) -> AsyncIterator[TokenDelta | SafetyCut]:
+        seen = ""
+        offset = 0
+        async for d in deltas:
+            if self.fail:
+                raise RuntimeError("guard crashed")
+            if self.trigger in seen + d.text:
+                yield SafetyCut(category="test", score=0.8, threshold=0.5, token_offset=offset,
+                                features=(FeatureActivation(3, 2.0), FeatureActivation(11, 0.5)), char_offset=len(seen))
+                return
+            seen += d.text
+            offset += len(d.token_ids)
+            yield d
