@@ -176,7 +176,7 @@ class ServingChat:
                         index=i,
                         delta=DeltaMessage(content=item.text) if item.text else DeltaMessage(),
                         logprobs=chat_logprobs(item.logprobs) if p.want_logprobs else None,
-                        finish_reason=finish,
+                        finish_reason=finish,  # type: ignore[arg-type]
                     )
                 ]
             )

@@ -149,13 +149,13 @@ async def merge(streams: Sequence[AsyncIterator[Item]]) -> AsyncIterator[tuple[i
     try:
         remaining = len(tasks)
         while remaining:
-            i, item = await queue.get()
-            if item is None:
+            i, got = await queue.get()
+            if got is None:
                 remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
+            elif isinstance(got, BaseException):
+                raise got
             else:
-                yield i, item
+                yield i, got
     finally:
         for t in tasks:
             t.cancel()

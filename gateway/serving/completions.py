@@ -8,7 +8,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from gateway.errors import bad_request
-from gateway.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, SafetyInfo, Usage
+from gateway.protocol import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    SafetyInfo,
+    Usage,
+)
 from gateway.serving.chat import _finish
 from gateway.serving.common import (
     StreamStats,

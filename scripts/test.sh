@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# README command 2: install what is needed (once), make sure a Redis answers, then lint, type-check
+# and run the whole test suite. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install.sh dev guard
+export PYTHONUNBUFFERED=1
+# Tests talk to a real Redis at 127.0.0.1:6379; start a private one if nothing answers there.
+.venv/bin/python - <<'PY'
+from pathlib import Path
+from gateway.redis_local import ensure_local_redis, reachable
+url = "redis://127.0.0.1:6379/0"
+if not reachable(url):
+    import subprocess, sys
+    from gateway.redis_local import redis_server_binary
+    exe = redis_server_binary()
+    if exe is None:
+        sys.exit("no Redis at 127.0.0.1:6379 and no redis-server binary")
+    d = Path(".nextguard-test-redis"); d.mkdir(exist_ok=True)
+    subprocess.run([exe, "--bind", "127.0.0.1", "--port", "6379", "--daemonize", "yes", "--dir", str(d.resolve()), "--save", ""], check=True)
+    print("started a private redis-server on 127.0.0.1:6379")
+PY
+.venv/bin/ruff check .
+.venv/bin/mypy
+# Convert the embedded model once up front so the first test that needs it does not pay for it in its timeout.
+.venv/bin/python -c 'from inference.embedded import ensure_embedded_model; ensure_embedded_model()'
+exec .venv/bin/python -m pytest "$@"
