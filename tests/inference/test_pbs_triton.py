@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.inference.pbs_tolerances import FP32_ATOL, INTERP_FP16_ATOL, LOWP_FLOOR, RATIO  # noqa: TID251
+from tests.inference.pbs_tolerances import FP32_ATOL, INTERP_FP16_ATOL, LOWP_FLOOR, RATIO
 
 ROOT = Path(__file__).resolve().parents[2]
 
