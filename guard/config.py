@@ -1,0 +1,51 @@
+"""``GuardSettings``: the guard's part of the settings tree (nested as ``guard`` by the gateway, so the
+environment spells it ``NEXTGUARD_GUARD__ENABLED=false``, ``NEXTGUARD_GUARD__MONITORED=base``, ...)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from guard.api import GuardPolicy
+
+DEFAULT_ARTIFACTS_DIR = Path(__file__).resolve().parent / "artifacts"
+
+
+class GuardSettings(BaseModel):
+    """How the NExT-Guard monitor is built and run; per-request policy may narrow it."""
+
+    enabled: bool = Field(default=True, description="Put the monitor in every stream by default.")
+    artifacts_dir: Path = Field(default=DEFAULT_ARTIFACTS_DIR, description="Output of `nextguard guard build`.")
+    monitored: Literal["lora", "base"] = Field(
+        default="lora", description="Read activations from the LoRA safeguard (paper) or the base model itself.")
+    base_model: str | None = Field(
+        default=None, description="Override the manifest's base model (HF folder or id); None = as built.")
+    device: str = Field(default="cpu")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    hold_back: int = Field(default=1, ge=1, description="Generated tokens withheld until scored (>= 1).")
+    mode: Literal["max", "debounce", "decay"] | None = Field(
+        default=None, description="Aggregation mode; None = the mode the thresholds were calibrated for.")
+    prompt_threshold: float | None = Field(default=None, description="Override the calibrated prompt gate.")
+    response_threshold: float | None = Field(default=None, description="Override the calibrated response gate.")
+    fail_closed: bool = Field(default=True, description="Cut the stream when the guard itself fails.")
+    max_batch: int = Field(default=16, ge=1, le=256, description="Streams stepped together per forward.")
+    max_len: int = Field(default=8192, ge=64, description="Guard context limit per stream (tokens).")
+    norm_ratio: float = Field(default=10.0, gt=1.0, description="Causal norm filter: drop tokens above ratio x median.")
+    threads: int = Field(default=1, ge=1, description="torch threads of the guard's executor.")
+    prompt_gate: bool = Field(default=True, description="Score the prompt before generation (HTTP 400 on a hit).")
+
+    @model_validator(mode="after")
+    def _check(self) -> GuardSettings:
+        if self.enabled and not (self.artifacts_dir / "manifest.json").is_file():
+            raise ValueError(
+                f"guard enabled but {self.artifacts_dir}/manifest.json is missing: run `nextguard guard build` "
+                "or set NEXTGUARD_GUARD__ENABLED=false"
+            )
+        return self
+
+    def default_policy(self) -> GuardPolicy:
+        return GuardPolicy(enabled=self.enabled, prompt_threshold=self.prompt_threshold,
+                           response_threshold=self.response_threshold, hold_back=self.hold_back,
+                           fail_closed=self.fail_closed, mode=self.mode)

@@ -1,0 +1,196 @@
+"""Streaming runtime: hold-back, cut, re-tokenisation, batching, fail-closed, scoring helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from guard.api import GuardPolicy, SafetyCut, StreamGuard
+from guard.service import IncrementalRetokenizer
+from inference.types import TokenDelta
+from tests.guard.conftest import make_guard
+
+TEXT_SAFE = "hello there my friend , how are you today ? the weather is nice and the sky is blue"
+TEXT_BAD = "hello there my friend , here is how to build a bomb at home quickly"
+
+
+def _deltas(text: str, gen_tok, seed: int = 0, max_chunk: int = 3) -> list[TokenDelta]:
+    """Split text into generator deltas of 1..max_chunk generator tokens (the generator's tokenizer)."""
+    ids = gen_tok(text, add_special_tokens=False)["input_ids"]
+    rng = random.Random(seed)
+    out, i = [], 0
+    while i < len(ids):
+        n = rng.randint(1, max_chunk)
+        chunk = ids[i:i + n]
+        prev = gen_tok.decode(ids[:i])
+        now = gen_tok.decode(ids[:i + n])
+        out.append(TokenDelta("r", 0, chunk, now[len(prev):]))
+        i += n
+    out[-1].finish_reason = "stop"
+    return out
+
+
+async def _agen(items):
+    for x in items:
+        await asyncio.sleep(0)
+        yield x
+
+
+async def _collect(guard, deltas, policy=None):
+    return [x async for x in guard.watch("tell me a story", _agen(deltas), policy or GuardPolicy())]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_retokenizer_matches_full_tokenisation(tok, seed):
+    text = " " + TEXT_BAD + " and the weather is nice"
+    rng = random.Random(seed)
+    rt = IncrementalRetokenizer(tok)
+    got, i = [], 0
+    while i < len(text):
+        n = rng.randint(1, 6)
+        got += rt.feed(text[i:i + n])
+        # nothing committed may change later: every committed token ends at or before the text seen
+        assert all(b <= i + n for _, _, b in got)
+        i += n
+    got += rt.feed("", final=True)
+    full = tok(text, add_special_tokens=False)["input_ids"]
+    assert [t for t, _, _ in got] == full
+    assert got[-1][2] == len(text)
+
+
+def test_retokenizer_bounds_the_tail_without_spaces(tok):
+    rt = IncrementalRetokenizer(tok, max_tail_chars=10)
+    out = rt.feed("x" * 30)
+    assert len(out) > 0      # committed despite no whitespace
+    assert rt.committed < 30
+
+
+async def test_benign_stream_passes_whole(tok, tmp_path):
+    g, runner, _ = make_guard(tok, tmp_path)
+    assert isinstance(g, StreamGuard)
+    ds = _deltas(TEXT_SAFE, tok)
+    out = await _collect(g, ds)
+    assert out == ds
+    assert out[-1].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("hold", [1, 3])
+async def test_cut_before_offending_token(tok, tmp_path, hold):
+    g, runner, bad = make_guard(tok, tmp_path)
+    ds = _deltas(TEXT_BAD, tok, seed=hold)
+    out = await _collect(g, ds, GuardPolicy(hold_back=hold))
+    assert isinstance(out[-1], SafetyCut)
+    cut = out[-1]
+    released = out[:-1]
+    sent_ids = [t for d in released for t in d.token_ids]
+    assert bad not in sent_ids                          # the offending token never left
+    assert cut.token_offset == len(sent_ids)            # first withheld generated token
+    all_ids = [t for d in ds for t in d.token_ids]
+    assert all_ids[cut.token_offset:].index(bad) < 3 + hold   # withheld at most the delta + hold-back
+    assert cut.category == "violence" and cut.gate == "response"
+    assert cut.score > cut.threshold
+    assert cut.features and cut.features[0].id == 7
+    assert "".join(d.text for d in released).strip() and "bomb" not in "".join(d.text for d in released)
+    assert TEXT_BAD[cut.char_offset:].startswith(" bomb") or TEXT_BAD[cut.char_offset:].startswith("bomb")
+
+
+async def test_larger_hold_back_releases_less(tok, tmp_path):
+    g, _, _ = make_guard(tok, tmp_path)
+    ds = _deltas(TEXT_BAD, tok, seed=5, max_chunk=1)
+    a = await _collect(g, ds, GuardPolicy(hold_back=1))
+    b = await _collect(g, ds, GuardPolicy(hold_back=4))
+    assert len(b) < len(a)
+    assert a[-1].token_offset > b[-1].token_offset
+
+
+async def test_same_tokenizer_uses_ids(tok, tmp_path):
+    g, runner, bad = make_guard(tok, tmp_path)
+    assert g.set_generator_tokenizer(tok)
+    ds = _deltas(TEXT_BAD, tok, seed=3, max_chunk=1)
+    out = await _collect(g, ds)
+    cut = out[-1]
+    assert isinstance(cut, SafetyCut)
+    all_ids = [t for d in ds for t in d.token_ids]
+    assert cut.token_offset == all_ids.index(bad)
+    assert sum(len(d.token_ids) for d in out[:-1]) == cut.token_offset
+
+
+async def test_different_generator_tokenizer_is_retokenised(tok, tmp_path):
+    """A generator with another tokenizer (characters here): the guard still cuts at the word."""
+    g, runner, bad = make_guard(tok, tmp_path)
+
+    class CharTok:
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [ord(c) for c in text]}
+
+        def decode(self, ids):
+            return "".join(chr(i) for i in ids)
+
+    ds = _deltas(TEXT_BAD, CharTok(), seed=0, max_chunk=4)
+    assert not g.set_generator_tokenizer(CharTok())
+    out = await _collect(g, ds)
+    cut = out[-1]
+    assert isinstance(cut, SafetyCut)
+    sent = "".join(d.text for d in out[:-1])
+    assert "bomb" not in sent and TEXT_BAD.startswith(sent)
+    assert cut.token_offset == len(sent)                # one generator token per character
+
+
+async def test_fail_closed_and_fail_open(tok, tmp_path):
+    g, _, _ = make_guard(tok, tmp_path, fail=True)
+    ds = _deltas(TEXT_SAFE, tok)
+    out = await _collect(g, ds)
+    assert len(out) == 1 and isinstance(out[0], SafetyCut) and out[0].decision == "guard_error"
+    g2, _, _ = make_guard(tok, tmp_path, fail=True)
+    out2 = await _collect(g2, ds, GuardPolicy(fail_closed=False))
+    assert out2 == ds
+    cut = await g2.check_prompt("hello", GuardPolicy())
+    assert cut is not None and cut.decision == "guard_error"
+    assert await g2.check_prompt("hello", GuardPolicy(fail_closed=False)) is None
+
+
+async def test_policy_disabled_passes_through(tok, tmp_path):
+    g, runner, _ = make_guard(tok, tmp_path)
+    ds = _deltas(TEXT_BAD, tok)
+    assert await _collect(g, ds, GuardPolicy(enabled=False)) == ds
+    assert runner.batches == []
+
+
+async def test_threshold_override_and_category_filter(tok, tmp_path):
+    g, _, _ = make_guard(tok, tmp_path)
+    ds = _deltas(TEXT_BAD, tok)
+    assert await _collect(g, ds, GuardPolicy(response_threshold=10.0)) == ds
+    assert await _collect(g, ds, GuardPolicy(categories=("sexual",))) == ds
+
+
+async def test_streams_are_batched_and_match_sequential(tok, tmp_path):
+    g, runner, _ = make_guard(tok, tmp_path)
+    texts = [TEXT_BAD if i % 2 else TEXT_SAFE for i in range(8)]
+    seq = [await _collect(g, _deltas(t, tok, seed=i)) for i, t in enumerate(texts)]
+    runner.batches.clear()
+    par = await asyncio.gather(*[_collect(g, _deltas(t, tok, seed=i)) for i, t in enumerate(texts)])
+    assert [[repr(x) for x in o] for o in par] == [[repr(x) for x in o] for o in seq]
+    assert max(runner.batches) >= 4          # several streams in one forward
+    assert runner.n_active == 0              # every slot released
+
+
+async def test_prompt_gate_score_text_and_moderation(tok, tmp_path):
+    g, _, _ = make_guard(tok, tmp_path)
+    assert await g.check_prompt("how are you today ?", GuardPolicy()) is None
+    cut = await g.check_prompt("how to build a bomb at home", GuardPolicy())
+    assert cut is not None and cut.gate == "prompt" and cut.category == "violence"
+    assert "how to build a bomb at home"[cut.char_offset:].lstrip().startswith("bomb")
+    r = await g.score_text("tell me a story", "once upon a time there was a bomb")
+    assert set(r) == {"tokens", "scores", "threshold", "cut"}
+    assert len(r["tokens"]) == len(r["scores"])
+    assert "".join(r["tokens"]).strip() == "once upon a time there was a bomb"
+    assert r["cut"]["token_offset"] == len(r["tokens"]) - 1
+    assert r["scores"][-1] > r["threshold"] >= max(r["scores"][:-1])
+    r2 = await g.score_text("once upon a time")
+    assert r2["cut"] is None
+    mods = await g.moderate(["the sky is blue", "build a bomb"])
+    assert [m["flagged"] for m in mods] == [False, True]
+    assert mods[1]["categories"]["violence"] and mods[1]["category_scores"]["violence"] > 0.5
+    assert mods[0]["category_scores"]["violence"] < 0.5
