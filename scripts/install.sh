@@ -8,7 +8,12 @@ PY="${PYTHON:-python3}"
 VENV=.venv
 STAMP="$VENV/.nextguard-installed"
 
-if command -v nvidia-smi >/dev/null 2>&1 && [ "${NEXTGUARD_DEVICE:-}" != "cpu" ]; then DEVICE=gpu; else DEVICE=cpu; fi
+# NEXTGUARD_DEVICE=cpu|gpu forces the flavour (docker builds see no GPU); otherwise a visible NVIDIA GPU picks gpu.
+case "${NEXTGUARD_DEVICE:-auto}" in
+  cpu|gpu) DEVICE="$NEXTGUARD_DEVICE" ;;
+  auto) if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then DEVICE=gpu; else DEVICE=cpu; fi ;;
+  *) echo "NEXTGUARD_DEVICE must be cpu, gpu or auto" >&2; exit 2 ;;
+esac
 EXTRAS="$DEVICE${1:+,$(IFS=,; echo "$*")}"
 WANT="$EXTRAS $(sha256sum pyproject.toml | cut -c1-16)"
 if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then

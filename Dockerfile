@@ -1,0 +1,27 @@
+# nextguard gateway image. CPU by default; GPU (CUDA vLLM) with --build-arg DEVICE=gpu and run with
+# `--gpus all` (the NVIDIA container toolkit supplies the driver; CUDA libraries come with the wheels).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+FROM ${PYTHON_IMAGE}
+ARG DEVICE=cpu
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    NEXTGUARD_HOME=/var/lib/nextguard \
+    NEXTGUARD_DEVICE=${DEVICE} \
+    NEXTGUARD_SERVER__HOST=0.0.0.0 \
+    NEXTGUARD_SERVER__PORT=8000
+RUN apt-get update && apt-get install -y --no-install-recommends gcc g++ libtcmalloc-minimal4 libnuma1 \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+# Dependencies first (cached layer): the project metadata and the installer only.
+COPY pyproject.toml README.md ./
+COPY scripts/install.sh scripts/install.sh
+RUN mkdir -p gateway guard inference offline_suites && touch gateway/__init__.py guard/__init__.py \
+    inference/__init__.py offline_suites/__init__.py && scripts/install.sh guard
+COPY . .
+RUN .venv/bin/pip install --no-deps -e . \
+    && .venv/bin/python -c "from inference.embedded import ensure_embedded_model; ensure_embedded_model()"
+ENV PATH=/app/.venv/bin:$PATH
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=180s --retries=3 \
+  CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=2).status == 200 else 1)"
+CMD ["nextguard", "serve"]

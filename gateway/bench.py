@@ -1,0 +1,210 @@
+"""``nextguard bench serve``: N concurrent streaming clients against the gateway and, in the same run,
+against vLLM's own OpenAI server on the same model and engine arguments. Rounds alternate between the
+two servers (ABAB…) so machine drift hits both alike. The last line printed is one JSON object with the
+ratios (gateway / vLLM)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gateway.config import Settings
+from inference.vllm_engine import resolve_model
+
+
+@dataclass
+class RunStats:
+    ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+    tokens: int = 0
+    wall: float = 0.0
+    errors: int = 0
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+async def _one(
+    client: httpx.AsyncClient, url: str, model: str, max_tokens: int, stats: RunStats, i: int, guard: bool, tag: str
+) -> None:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"Write a short story about a lighthouse keeper, number {i}."}],
+        "max_tokens": max_tokens,
+        "temperature": 0.8,
+        "seed": i,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    if not guard and tag == "gateway":   # guard off for the ratio the issue targets; vLLM knows no guard
+        body["guard"] = {"enabled": False}
+    t0 = time.perf_counter()
+    last = None
+    try:
+        async with client.stream("POST", url, json=body) as r:
+            if r.status_code != 200:
+                stats.errors += 1
+                await r.aread()
+                return
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    stats.errors += 1
+                    return
+                for c in chunk.get("choices", []):
+                    content = (c.get("delta") or {}).get("content")
+                    if not content:
+                        continue
+                    now = time.perf_counter()
+                    if last is None:
+                        stats.ttft.append(now - t0)
+                    else:
+                        stats.itl.append(now - last)
+                    last = now
+                    stats.tokens += 1
+    except httpx.HTTPError:
+        stats.errors += 1
+
+
+async def _round(base: str, model: str, n_requests: int, concurrency: int, max_tokens: int, guard: bool, tag: str) -> RunStats:
+    stats = RunStats()
+    sem = asyncio.Semaphore(concurrency)
+    url = base + "/v1/chat/completions"
+    async with httpx.AsyncClient(timeout=600) as client:
+        async def task(i: int) -> None:
+            async with sem:
+                await _one(client, url, model, max_tokens, stats, i, guard, tag)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(task(i) for i in range(n_requests)))
+        stats.wall = time.perf_counter() - t0
+    return stats
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited with code {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(url)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _summ(s: RunStats) -> dict[str, float]:
+    return {
+        "ttft_p50_ms": 1000 * _pct(s.ttft, 0.5),
+        "ttft_p99_ms": 1000 * _pct(s.ttft, 0.99),
+        "itl_mean_ms": 1000 * (statistics.fmean(s.itl) if s.itl else float("nan")),
+        "itl_p99_ms": 1000 * _pct(s.itl, 0.99),
+        "tokens_per_s": s.tokens / s.wall if s.wall else 0.0,
+        "tokens": s.tokens,
+        "errors": s.errors,
+    }
+
+
+def _merge(rs: list[RunStats]) -> RunStats:
+    out = RunStats()
+    for r in rs:
+        out.ttft += r.ttft
+        out.itl += r.itl
+        out.tokens += r.tokens
+        out.wall += r.wall
+        out.errors += r.errors
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        os.environ["NEXTGUARD_INFERENCE__MODEL"] = args.model
+    settings = Settings()
+    source, name = resolve_model(settings.inference)
+    inf = settings.inference
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": f"{inf.kv_cache_gib:g}", "NEXTGUARD_REDIS__EMBEDDED": "false"}
+    vport, gport = _free_port(), _free_port()
+    logs = Path(settings.home) / "bench"
+    logs.mkdir(parents=True, exist_ok=True)
+    vllm_cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", source, "--served-model-name", name,
+        "--host", "127.0.0.1", "--port", str(vport), "--max-model-len", str(inf.max_model_len),
+        "--max-num-seqs", str(inf.max_num_seqs), "--seed", str(inf.seed), "--dtype", inf.dtype,
+        "--disable-uvicorn-access-log",
+    ] + (["--enforce-eager"] if inf.enforce_eager else [])
+    gw_cmd = [str(Path(sys.executable).with_name("nextguard")), "serve", "--host", "127.0.0.1", "--port", str(gport)]
+    with ExitStack() as stack:
+        procs = []
+        for cmd, log in ((vllm_cmd, "vllm.log"), (gw_cmd, "gateway.log")):
+            f = stack.enter_context(open(logs / log, "wb"))
+            p = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+            procs.append(p)
+            stack.callback(_stop, p)
+        vbase, gbase = f"http://127.0.0.1:{vport}", f"http://127.0.0.1:{gport}"
+        _wait_ready(vbase + "/health", procs[0])
+        _wait_ready(gbase + "/ready", procs[1])
+        guard = args.guard == "on"
+        # warm-up both (first requests pay one-time costs)
+        for base, tag in ((vbase, "vllm"), (gbase, "gateway")):
+            asyncio.run(_round(base, name, args.concurrency, args.concurrency, 8, guard, tag))
+        rounds = max(2, args.rounds)
+        per = max(1, args.requests // rounds)
+        v_runs, g_runs = [], []
+        for _ in range(rounds):
+            v_runs.append(asyncio.run(_round(vbase, name, per, args.concurrency, args.max_tokens, guard, "vllm")))
+            g_runs.append(asyncio.run(_round(gbase, name, per, args.concurrency, args.max_tokens, guard, "gateway")))
+    v, g = _summ(_merge(v_runs)), _summ(_merge(g_runs))
+    report = {
+        "model": name,
+        "concurrency": args.concurrency,
+        "requests_per_server": per * rounds,
+        "max_tokens": args.max_tokens,
+        "guard": args.guard,
+        "vllm": v,
+        "gateway": g,
+        "tokens_per_s_ratio": g["tokens_per_s"] / v["tokens_per_s"] if v["tokens_per_s"] else None,
+        "ttft_p50_overhead_ms": g["ttft_p50_ms"] - v["ttft_p50_ms"],
+        "ttft_p99_overhead_ms": g["ttft_p99_ms"] - v["ttft_p99_ms"],
+        "itl_mean_ratio": g["itl_mean_ms"] / v["itl_mean_ms"] if v["itl_mean_ms"] else None,
+    }
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2))
+    print(json.dumps(report))
+    return 0 if g["errors"] == 0 and v["errors"] == 0 else 1
+
+
+def _stop(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
