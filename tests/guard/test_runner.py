@@ -1,0 +1,89 @@
+"""The batched slot runner equals HF's hidden states, incrementally and with ragged batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from guard.runner import HFRunner, SlotRunner, collect_residuals
+
+
+def _tiny(model_type: str):
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    torch.manual_seed(0)
+    kw = {"vocab_size": 97, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+    cfg = LlamaConfig(**kw) if model_type == "llama" else Qwen3Config(head_dim=16, **kw)
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def _hf_resid(model, ids, layer):
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    return out.hidden_states[layer + 1][0]
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_slot_runner_matches_hf_incremental_and_batched(model_type):
+    model = _tiny(model_type)
+    L = 2
+    r = SlotRunner(model, L, max_slots=4, init_len=8)   # small init_len: exercises cache growth
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, 97, (n,), generator=g).tolist() for n in (13, 5, 21)]
+    refs = [_hf_resid(model, s, L) for s in seqs]
+    slots = [r.alloc() for _ in seqs]
+    # prefill different prompt lengths in one ragged batch, then step 1-3 tokens at a time
+    pre = [3, 2, 7]
+    got = [[] for _ in seqs]
+    outs = r.step([(s, seq[:p]) for s, seq, p in zip(slots, seqs, pre, strict=True)])
+    for i, o in enumerate(outs):
+        got[i].append(o)
+    done = list(pre)
+    while any(d < len(s) for d, s in zip(done, seqs, strict=True)):
+        batch, who = [], []
+        for i, (s, seq) in enumerate(zip(slots, seqs, strict=True)):
+            if done[i] < len(seq):
+                n = 1 + (i + done[i]) % 3
+                batch.append((s, seq[done[i]:done[i] + n]))
+                who.append(i)
+                done[i] = min(len(seq), done[i] + n)
+        for i, o in zip(who, r.step(batch), strict=True):
+            got[i].append(o)
+    for i in range(len(seqs)):
+        torch.testing.assert_close(torch.cat(got[i]), refs[i], atol=1e-4, rtol=1e-4)
+    assert r.length(slots[2]) == 21
+    r.free(slots[1])
+    assert r.alloc() == slots[1] and r.length(slots[1]) == 0
+
+
+def test_non_contiguous_slots_and_collect():
+    model = _tiny("llama")
+    r = SlotRunner(model, 1, max_slots=4)
+    seqs = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]
+    res = collect_residuals(r, seqs, batch_size=2)
+    for s, o in zip(seqs, res, strict=True):
+        torch.testing.assert_close(o, _hf_resid(model, s, 1), atol=1e-4, rtol=1e-4)
+    a, b, c = r.alloc(), r.alloc(), r.alloc()
+    r.free(b)
+    outs = r.step([(a, seqs[0]), (c, seqs[2])])
+    torch.testing.assert_close(outs[1], _hf_resid(model, seqs[2], 1), atol=1e-4, rtol=1e-4)
+
+
+def test_hf_runner_matches():
+    model = _tiny("llama")
+    ref = _hf_resid(model, [3, 1, 4, 1, 5, 9], 2)
+    r = HFRunner(_tiny("llama"), 2)
+    s = r.alloc()
+    o = torch.cat(r.step([(s, [3, 1, 4])]) + r.step([(s, [1])]) + r.step([(s, [5, 9])]))
+    torch.testing.assert_close(o, ref, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="HFRunner"):
+        SlotRunner(_gemma(), 0)
+
+
+def _gemma():
+    from transformers import AutoModelForCausalLM, Gemma2Config
+
+    return AutoModelForCausalLM.from_config(Gemma2Config(vocab_size=50, hidden_size=32, intermediate_size=48,
+                                                         num_hidden_layers=2, num_attention_heads=2,
+                                                         num_key_value_heads=1, head_dim=16))
