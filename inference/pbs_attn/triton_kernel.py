@@ -22,8 +22,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from triton import knobs
 from torch import Tensor
+from triton import knobs
 
 from inference.pbs_attn.algorithm import PBSPlan, permute_kv
 

@@ -95,3 +95,78 @@ def test_hf_registration_is_loud_about_conflicts() -> None:
         register_hf_attention(PBSSettings(attention="pbs", threshold=0.7), name="pbs_test_dup")
     with pytest.raises(ValueError, match="transformers attention implementation"):
         register_hf_attention(s, name="sdpa")
+
+
+def test_vllm_settings_from_env() -> None:
+    from inference.pbs_attn.vllm_backend import settings_from_env
+
+    s = settings_from_env(
+        {
+            "NEXTGUARD_INFERENCE__PBS__ATTENTION": "pbs",
+            "NEXTGUARD_INFERENCE__PBS__MIN_LEN": "4096",
+            "OTHER": "x",
+        }
+    )
+    assert s.enabled and s.min_len == 4096 and s.threshold == 0.9
+    with pytest.raises(ValidationError):
+        settings_from_env({"NEXTGUARD_INFERENCE__PBS__THRESHOLDX": "0.5"})
+
+
+def test_vllm_split_requests_fresh_long_prefills_only() -> None:
+    from inference.pbs_attn.vllm_backend import split_requests
+
+    s = PBSSettings(attention="pbs", min_len=1000)
+    # req0 decode (1 token), req1 fresh 2000-token prefill, req2 later chunk (context 500),
+    # req3 short fresh prefill, req4 prefix-cache hit (query 1500 of seq 3000), req5 fresh 1000.
+    qlens = [1, 2000, 1500, 300, 1500, 1000]
+    seq_lens = [900, 2000, 2000, 300, 3000, 1000]
+    qsl = [0]
+    for n in qlens:
+        qsl.append(qsl[-1] + n)
+    split = split_requests(qsl, seq_lens, s)
+    assert split.pbs == [1, 5] and split.dense == [0, 2, 3, 4]
+    assert split_requests(qsl, seq_lens, PBSSettings(attention="dense", min_len=0)).pbs == []
+    assert split_requests(qsl, seq_lens, PBSSettings(attention="pbs", threshold=1.0, min_len=0)).pbs == []
+
+
+def test_vllm_restrict_metadata_packs_kept_requests() -> None:
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
+
+    from inference.pbs_attn.vllm_backend import restrict_metadata
+
+    qsl = torch.tensor([0, 1, 2001, 2002], dtype=torch.int32)
+    meta = FlashAttentionMetadata(
+        num_actual_tokens=2002,
+        max_query_len=2000,
+        query_start_loc=qsl,
+        max_seq_len=2000,
+        seq_lens=torch.tensor([50, 2000, 70], dtype=torch.int32),
+        block_table=torch.arange(30).view(3, 10),
+        slot_mapping=torch.arange(2002) + 10_000,
+        max_num_splits=4,
+    )
+    sub, idx = restrict_metadata(meta, [0, 2])
+    assert idx.tolist() == [0, 2001]
+    assert sub.query_start_loc.tolist() == [0, 1, 2]
+    assert sub.seq_lens.tolist() == [50, 70] and sub.max_seq_len == 70
+    assert sub.block_table.tolist() == [list(range(10)), list(range(20, 30))]
+    assert sub.slot_mapping.tolist() == [10_000, 12_001]
+    assert (sub.num_actual_tokens, sub.max_query_len, sub.scheduler_metadata, sub.max_num_splits) == (
+        2,
+        1,
+        None,
+        0,
+    )
+
+
+def test_vllm_backend_class_resolves_and_registers() -> None:
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend, FlashAttentionImpl
+    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES, AttentionBackendEnum
+
+    from inference.pbs_attn import vllm_backend
+
+    backend = vllm_backend.PBSFlashAttentionBackend
+    assert issubclass(backend, FlashAttentionBackend)
+    assert issubclass(backend.get_impl_cls(), FlashAttentionImpl)
+    vllm_backend.register()
+    assert _ATTN_OVERRIDES[AttentionBackendEnum.CUSTOM] == vllm_backend.CLASS_PATH
