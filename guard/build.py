@@ -479,6 +479,7 @@ def build(
     np.random.seed(cfg.seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    embedded = base_model is None
     if base_model is None:
         from inference.embedded import ensure_embedded_model
 
@@ -562,6 +563,9 @@ def build(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     (out / "provenance.json").write_text(json.dumps(prov, indent=1, default=str))
+    from guard.bundle import write_manifest
+
+    write_manifest(out, "embedded" if embedded else str(base_model), "lora", cfg.layer, list(cfg.monitored))
     return prov
 
 
