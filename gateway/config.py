@@ -14,8 +14,10 @@ from pathlib import Path
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from guard.config import GuardSettings
 from inference.config import InferenceSettings
 from inference.embedded import nextguard_home
+from offline_suites.config import SuiteSettings
 
 
 class ServerSettings(BaseModel):
@@ -47,6 +49,11 @@ class Settings(BaseSettings):
     server: ServerSettings = Field(default_factory=ServerSettings)
     inference: InferenceSettings = Field(default_factory=InferenceSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
+    guard: GuardSettings = Field(default_factory=GuardSettings)
+    suites: SuiteSettings = Field(default_factory=SuiteSettings)
+    allow_guard_disable: bool = Field(
+        default=True, description="Requests may send guard.enabled=false (tenant policy can forbid it)."
+    )
 
     @model_validator(mode="after")
     def _checks(self) -> Settings:

@@ -11,13 +11,13 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway import metrics
-from gateway.api.routes import chat, completions, health, models
+from gateway.api.routes import chat, completions, guard_routes, health, models
 from gateway.config import Settings, get_settings
 from gateway.errors import OpenAIError, install_error_handlers
 from gateway.serving.chat import ServingChat
@@ -28,6 +28,7 @@ from inference.engine import EngineClient
 log = logging.getLogger(__name__)
 
 EngineFactory = Callable[[Settings], EngineClient]
+GuardFactory = Callable[[Settings, EngineClient], StreamGuard]
 
 
 def _default_engine_factory(settings: Settings) -> EngineClient:
@@ -36,9 +37,20 @@ def _default_engine_factory(settings: Settings) -> EngineClient:
     return VLLMEngineClient.from_settings(settings.inference)
 
 
-def _set_engine(app: FastAPI, engine: EngineClient | None) -> None:
+def _default_guard_factory(settings: Settings, engine: EngineClient) -> StreamGuard:
+    from guard.service import NextGuard
+
+    guard = NextGuard(settings.guard).load()
+    # Same vocabulary as the generator: the guard reads the engine's token ids directly, no re-tokenising.
+    guard.set_generator_tokenizer(engine.tokenizer)
+    return cast(StreamGuard, guard)
+
+
+def _set_engine(app: FastAPI, engine: EngineClient | None, guard: StreamGuard | None = None) -> None:
     st = app.state
     st.engine = engine
+    if guard is not None:
+        st.guard = guard
     st.serving_chat = ServingChat(engine, st.guard, st.guard_policy, allow_guard_disable=st.allow_guard_disable)
     st.serving_completion = ServingCompletion(
         engine, st.guard, st.guard_policy, allow_guard_disable=st.allow_guard_disable
@@ -53,11 +65,16 @@ def create_app(
     engine: EngineClient | None = None,
     engine_factory: EngineFactory | None = None,
     guard: StreamGuard | None = None,
+    guard_factory: GuardFactory | None = None,
     guard_policy: GuardPolicy | None = None,
-    allow_guard_disable: bool = True,
+    allow_guard_disable: bool | None = None,
 ) -> FastAPI:
+    """Build the app. Without ``engine`` the vLLM engine loads in the background; without ``guard`` the
+    NExT-Guard monitor is built from ``settings.guard`` when enabled (tests inject doubles instead)."""
     settings = settings or get_settings()
     factory = engine_factory or _default_engine_factory
+    build_guard = guard is None and settings.guard.enabled
+    gfactory = guard_factory or _default_guard_factory
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -66,12 +83,13 @@ def create_app(
             async def load() -> None:
                 try:
                     eng = await asyncio.to_thread(factory, settings)
+                    g = await asyncio.to_thread(gfactory, settings, eng) if build_guard else None
                 except Exception as e:     # keep serving /health and report the cause on /ready
-                    log.exception("engine failed to load")
+                    log.exception("engine or guard failed to load")
                     app.state.engine_error = f"{type(e).__name__}: {e}"
                     return
-                _set_engine(app, eng)
-                log.info("engine ready: %s", eng.model_card.id)
+                _set_engine(app, eng, g)
+                log.info("engine ready: %s (guard: %s)", eng.model_card.id, g.name if g is not None else "off")
 
             loader = asyncio.create_task(load())
         try:
@@ -82,6 +100,9 @@ def create_app(
                 loader.cancel()
                 with contextlib.suppress(BaseException):
                     await loader
+            if app.state.guard is not None and hasattr(app.state.guard, "aclose"):
+                with contextlib.suppress(Exception):
+                    await app.state.guard.aclose()
             if app.state.engine is not None and app.state.owns_engine:
                 with contextlib.suppress(Exception):
                     await app.state.engine.shutdown()
@@ -95,9 +116,11 @@ def create_app(
     st = app.state
     st.settings = settings
     st.guard = guard
-    st.guard_required = guard is not None
-    st.guard_policy = guard_policy or GuardPolicy(enabled=guard is not None)
-    st.allow_guard_disable = allow_guard_disable
+    st.guard_required = guard is not None or build_guard
+    if guard_policy is None:
+        guard_policy = settings.guard.default_policy() if build_guard else GuardPolicy(enabled=guard is not None)
+    st.guard_policy = guard_policy
+    st.allow_guard_disable = settings.allow_guard_disable if allow_guard_disable is None else allow_guard_disable
     st.engine_error = None
     st.draining = False
     st.owns_engine = engine is None
@@ -120,6 +143,12 @@ def create_app(
                 return JSONResponse(err.body(), status_code=413)
         return await call_next(request)
 
-    for r in (chat.router, completions.router, models.router, health.router):
+    for r in (
+        chat.router,
+        completions.router,
+        models.router,
+        guard_routes.router,
+        health.router,
+    ):
         app.include_router(r)
     return app

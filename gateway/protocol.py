@@ -46,6 +46,7 @@ class GuardOverrides(OpenAIBaseModel):
     prompt_threshold: float | None = Field(default=None, ge=0)
     response_threshold: float | None = Field(default=None, ge=0)
     hold_back: int | None = Field(default=None, ge=1, le=64)
+    include_scores: bool = Field(default=False, description="Attach per-token `risk` scores to streamed choices.")
 
 
 class Usage(OpenAIBaseModel):
@@ -187,6 +188,8 @@ class ChatChunkChoice(OpenAIBaseModel):
     finish_reason: Literal["stop", "length", "content_filter", "tool_calls"] | None = None
     # --- nextguard extensions ---
     safety: SafetyInfo | None = None
+    risk: list[float] | None = Field(default=None, description="Guard score per token of this delta (include_scores).")
+    threshold: float | None = Field(default=None, description="Response-gate threshold in force (include_scores).")
 
 
 class ChatCompletionChunk(OpenAIBaseModel):
@@ -283,3 +286,53 @@ class ModelObject(OpenAIBaseModel):
 class ModelList(OpenAIBaseModel):
     object: Literal["list"] = "list"
     data: list[ModelObject]
+
+
+# ---------------------------------------------------------------------------------------------
+# moderations — https://platform.openai.com/docs/api-reference/moderations
+class ModerationRequest(OpenAIBaseModel):
+    input: str | list[str]
+    model: str | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _non_empty(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list) and not v:
+            raise ValueError("'input' must not be empty")
+        if isinstance(v, list) and len(v) > 32:
+            raise ValueError("'input' accepts at most 32 texts per request")
+        return v
+
+
+class ModerationResult(OpenAIBaseModel):
+    flagged: bool
+    categories: dict[str, bool]
+    category_scores: dict[str, float]
+
+
+class ModerationResponse(OpenAIBaseModel):
+    id: str
+    model: str
+    results: list[ModerationResult]
+
+
+# ---------------------------------------------------------------------------------------------
+# --- nextguard extensions: guard scoring (not part of the OpenAI API) ---
+class GuardScoreRequest(OpenAIBaseModel):
+    prompt: str = Field(min_length=1)
+    response: str | None = None
+
+
+class GuardCut(OpenAIBaseModel):
+    token_offset: int
+    char_offset: int
+    score: float
+    category: str
+    features: list[dict[str, Any]]
+
+
+class GuardScoreResponse(OpenAIBaseModel):
+    tokens: list[str]
+    scores: list[float]
+    threshold: float
+    cut: GuardCut | None = None

@@ -70,5 +70,10 @@ class StreamGuard(Protocol):
     def watch(
         self, prompt_text: str, deltas: AsyncIterator[TokenDelta], policy: GuardPolicy
     ) -> AsyncIterator[TokenDelta | SafetyCut]:
-        """Response gate for one choice: yield scored deltas, then at most one cut (last item)."""
+        """Response gate for one choice: yield scored deltas, then at most one cut (last item).
+        Released deltas carry their tokens' scores in ``TokenDelta.scores``."""
+        ...
+
+    def threshold(self, gate: str, policy: GuardPolicy) -> float:
+        """The threshold in force for ``gate`` ("prompt" | "response") under ``policy``."""
         ...

@@ -56,6 +56,9 @@ class TokenDelta:
     prompt_token_ids: list[int] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
     num_prompt_tokens: int | None = None
+    # Per-token scores a downstream monitor attached to exactly these tokens (same order); the engine
+    # never sets it. Lets clients see why a stream was (or was not) cut.
+    scores: list[float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

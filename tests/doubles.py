@@ -139,4 +139,24 @@ class ScriptedGuard:
                 return
             seen += d.text
             offset += len(d.token_ids)
+            d.scores = [0.1] * len(d.token_ids)
             yield d
+
+    def threshold(self, gate: str, policy: GuardPolicy) -> float:
+        return policy.response_threshold if policy.response_threshold is not None else 0.5
+
+    async def score_text(self, prompt: str, response: str | None = None) -> dict[str, Any]:
+        text = response if response is not None else prompt
+        tokens = list(text)
+        scores = [0.9 if text[i:].startswith(self.trigger) else 0.1 for i in range(len(text))]
+        cut_at = next((i for i, v in enumerate(scores) if v >= 0.5), None)
+        cut = None if cut_at is None else {"token_offset": cut_at, "char_offset": cut_at, "score": 0.9, "category": "test",
+                                           "features": [{"id": 3, "activation": 2.0}]}
+        return {"tokens": tokens, "scores": scores, "threshold": 0.5, "cut": cut}
+
+    async def moderate(self, texts: Sequence[str]) -> list[dict[str, Any]]:
+        return [{"flagged": self.prompt_trigger in t, "categories": {"test": self.prompt_trigger in t},
+                 "category_scores": {"test": 0.9 if self.prompt_trigger in t else 0.1}} for t in texts]
+
+    def describe_features(self) -> list[dict[str, Any]]:
+        return [{"id": 3, "gate": "response", "category": "test", "weight": 1.0}]

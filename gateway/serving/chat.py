@@ -52,6 +52,8 @@ class PreparedChat:
     n: int
     include_usage: bool
     want_logprobs: bool
+    include_scores: bool = False
+    threshold: float | None = None
 
 
 def guard_prompt_text(req: ChatCompletionRequest) -> str:
@@ -121,7 +123,11 @@ class ServingChat:
             cut = await self.guard.check_prompt(prompt_text, policy)
             if cut is not None:
                 raise content_filter_error(cut)
+        include_scores = bool(req.guard and req.guard.include_scores and self.guard is not None and policy.enabled)
+        threshold_fn = getattr(self.guard, "threshold", None)
         return PreparedChat(
+            include_scores=include_scores,
+            threshold=threshold_fn("response", policy) if include_scores and threshold_fn is not None else None,
             id=new_id("chatcmpl"),
             created=int(time.time()),
             model=engine.model_card.id,
@@ -177,6 +183,8 @@ class ServingChat:
                         delta=DeltaMessage(content=item.text) if item.text else DeltaMessage(),
                         logprobs=chat_logprobs(item.logprobs) if p.want_logprobs else None,
                         finish_reason=finish,  # type: ignore[arg-type]
+                        risk=item.scores if p.include_scores else None,
+                        threshold=p.threshold if p.include_scores else None,
                     )
                 ]
             )

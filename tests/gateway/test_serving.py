@@ -17,8 +17,13 @@ from tests.doubles import ScriptedEngine, ScriptedGuard
 MODEL = "scripted"
 
 
+def settings() -> Settings:
+    # the serving tier injects its guard double; the real monitor is exercised in tests/guard and tests/e2e
+    return Settings(guard={"enabled": False})
+
+
 def make_client(engine: ScriptedEngine, guard: ScriptedGuard | None = None, **kw: Any) -> httpx.AsyncClient:
-    app = create_app(Settings(), engine=engine, guard=guard, guard_policy=GuardPolicy(enabled=guard is not None), **kw)
+    app = create_app(settings(), engine=engine, guard=guard, guard_policy=GuardPolicy(enabled=guard is not None), **kw)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 
@@ -158,7 +163,7 @@ async def test_n_choices_are_independent_requests() -> None:
 
 async def test_disconnect_aborts_engine_request() -> None:
     engine = ScriptedEngine(pieces=["tok"] * 200, delay=0.01)
-    app = create_app(Settings(), engine=engine)
+    app = create_app(settings(), engine=engine)
     body = json.dumps(chat_body()).encode()
     sent: list[bytes] = []
     disconnect = asyncio.Event()
@@ -233,7 +238,7 @@ async def test_malformed_json_and_huge_body() -> None:
 
 
 async def test_not_ready_is_503() -> None:
-    app = create_app(Settings(), engine=None, engine_factory=lambda s: (_ for _ in ()).throw(RuntimeError("no weights")))
+    app = create_app(settings(), engine=None, engine_factory=lambda s: (_ for _ in ()).throw(RuntimeError("no weights")))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
         r = await c.post("/v1/chat/completions", json=chat_body())
         assert r.status_code == 503 and r.headers["retry-after"] == "5"
@@ -250,3 +255,29 @@ async def test_models_and_metrics() -> None:
         text = (await c.get("/metrics")).text
     assert 'gateway_requests_total{route="chat",status="200"}' in text
     assert "gateway_engine_requests_running 0.0" in text
+
+
+async def test_include_scores_attaches_risk_per_token() -> None:
+    async with make_client(ScriptedEngine(), ScriptedGuard(trigger="zzz")) as c:
+        frames = await post_stream(c, "/v1/chat/completions", chat_body(guard={"include_scores": True, "response_threshold": 0.7}))
+        plain = await post_stream(c, "/v1/chat/completions", chat_body())
+    content = [f["choices"][0] for f in frames[1:-1]]
+    assert [ch["risk"] for ch in content] == [[0.1], [0.1], [0.1], [0.1]]
+    assert all(ch["threshold"] == 0.7 for ch in content)
+    assert all("risk" not in f["choices"][0] for f in plain[:-1])
+
+
+async def test_guard_endpoints() -> None:
+    async with make_client(ScriptedEngine(), ScriptedGuard()) as c:
+        m = (await c.post("/v1/moderations", json={"input": ["hello", "a forbidden thing"]})).json()
+        assert [r["flagged"] for r in m["results"]] == [False, True]
+        assert m["id"].startswith("modr-") and m["results"][1]["category_scores"]["test"] == 0.9
+        sc = (await c.post("/v1/guard/score", json={"prompt": "p", "response": "hello world"})).json()
+        assert sc["threshold"] == 0.5 and sc["cut"]["token_offset"] == 6 and len(sc["tokens"]) == len(sc["scores"])
+        bad = await c.post("/v1/guard/score", json={"prompt": ""})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+        feats = (await c.get("/v1/guard/features")).json()
+        assert feats["features"][0]["id"] == 3
+    async with make_client(ScriptedEngine()) as c:
+        r = await c.post("/v1/moderations", json={"input": "x"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "guard_disabled"

@@ -1,0 +1,68 @@
+// Entry point: tabs (hash routing), server status, shared guard feature labels.
+import { getJson, listOf } from "./api.js";
+import { initChat } from "./chat.js";
+import { initRuns, showRuns } from "./runs.js";
+import { initScore } from "./score.js";
+
+export const shared = {
+  model: null,
+  // feature id -> {id, category, weight, label?, top_snippets?}; filled from GET /v1/guard/features
+  features: new Map(),
+  featuresNote: "",
+};
+
+async function loadStatus() {
+  const modelPill = document.getElementById("status-model");
+  const guardPill = document.getElementById("status-guard");
+  try {
+    const ready = await fetch("ready").then((r) => r.json());
+    const models = ready.checks?.engine ? await getJson("v1/models") : null;
+    shared.model = models ? listOf(models)[0]?.id ?? null : null;
+    modelPill.textContent = shared.model ? `model: ${shared.model}` : "model: loading…";
+    modelPill.className = shared.model ? "pill ok" : "pill warn";
+    guardPill.textContent = `guard: ${ready.checks?.guard ? "ready" : "not ready"}`;
+    guardPill.className = ready.checks?.guard ? "pill ok" : "pill warn";
+    if (!shared.model) setTimeout(loadStatus, 3000);
+    else loadFeatures();
+  } catch (e) {
+    modelPill.textContent = `gateway unreachable: ${e.message}`;
+    modelPill.className = "pill bad";
+    setTimeout(loadStatus, 3000);
+  }
+  document.body.dataset.ready = shared.model ? "1" : "0";
+}
+
+async function loadFeatures() {
+  try {
+    const body = await getJson("v1/guard/features");
+    for (const f of listOf(body, "features")) {
+      const prev = shared.features.get(f.id);
+      // A feature can be selected for several categories or gates; keep the first, but never lose a label.
+      shared.features.set(f.id, prev ? { ...f, ...prev, label: prev.label ?? f.label,
+        top_snippets: prev.top_snippets ?? f.top_snippets } : f);
+    }
+    shared.featuresNote = `${shared.features.size} selected features`;
+  } catch (e) {
+    shared.featuresNote = `feature labels unavailable: ${e.message}`;
+  }
+  const g = document.getElementById("status-guard");
+  g.title = shared.featuresNote;
+}
+
+function route() {
+  const hash = location.hash.replace(/^#/, "") || "chat";
+  const [tab, ...rest] = hash.split("/");
+  const name = ["chat", "score", "runs"].includes(tab) ? tab : "chat";
+  for (const sec of document.querySelectorAll("section.tab")) sec.hidden = sec.id !== `tab-${name}`;
+  for (const a of document.querySelectorAll("nav.tabs a")) a.classList.toggle("active", a.dataset.tab === name);
+  if (name === "runs") showRuns(rest.join("/") || null);
+  // Canvases measured while hidden have no size; redraw on show.
+  window.dispatchEvent(new Event("resize"));
+}
+
+window.addEventListener("hashchange", route);
+initChat(shared);
+initScore(shared);
+initRuns();
+route();
+loadStatus();
