@@ -24,7 +24,7 @@ _HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
 router = APIRouter(tags=["playground"], include_in_schema=False)
 
 
-@router.get("/playground")
+@router.api_route("/playground", methods=["GET", "HEAD"])
 async def playground() -> FileResponse:
     return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=_HEADERS)
 
@@ -32,12 +32,12 @@ async def playground() -> FileResponse:
 @router.get("/playground/")
 async def playground_slash() -> RedirectResponse:
     # The page uses relative asset URLs; one canonical address keeps them resolving to /playground/static.
-    return RedirectResponse("/playground", status_code=308)
+    return RedirectResponse("../playground", status_code=308)
 
 
 # An explicit route rather than ``router.mount(StaticFiles)``: FastAPI's include_router silently drops
 # Mounts, so a mount here would vanish once the lead includes the router.
-@router.get("/playground/static/{name:path}")
+@router.api_route("/playground/static/{name:path}", methods=["GET", "HEAD"])
 async def playground_static(name: str) -> FileResponse:
     root = STATIC_DIR.resolve()
     path = (root / name).resolve()

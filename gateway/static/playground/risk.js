@@ -184,7 +184,8 @@ export class Sparkline {
       g.restore();
       g.fillStyle = "#d33";
       g.textAlign = "right";
-      g.fillText(`threshold ${fmt(this.threshold)}`, G.padL - 4, ty + 3 > G.padT + 16 ? ty + 3 : G.padT + 20);
+      // Label above the line at the right end (below it when the line is at the top edge).
+      g.fillText(`threshold ${fmt(this.threshold)}`, w - G.padR - 2, ty - 4 > G.padT + 8 ? ty - 4 : ty + 12);
     }
 
     // risk: filled area + line, gaps where unscored
@@ -307,13 +308,13 @@ export class TokenView {
 }
 
 /** The cut (or prompt refusal) explanation: category, score vs threshold, where, top features. */
-export function cutCard(safety, featureInfo, { where } = {}) {
+export function cutCard(safety, featureInfo, { where, title } = {}) {
   const gate = safety.gate ?? "response";
   const feats = (safety.features ?? []).slice().sort((a, b) => (b.activation ?? 0) - (a.activation ?? 0));
   const card = el("div", { class: "cut-card", dataset: { category: safety.category, gate } },
     el("div", { class: "cut-title" },
       el("span", { class: "scissors" }, "✂"),
-      gate === "prompt" ? "Prompt refused by the guard" : "Stream cut by the guard",
+      title ?? (gate === "prompt" ? "Prompt refused by the guard" : "Stream cut by the guard"),
       el("span", { class: "category" }, safety.category),
       safety.decision && safety.decision !== "intervened" ? el("span", { class: "pill warn" }, safety.decision) : null),
     el("div", { class: "cut-facts" },

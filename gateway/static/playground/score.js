@@ -58,7 +58,8 @@ async function run(replay) {
   const finish = () => {
     if (cut) {
       if (!spark.cut) spark.markCut(cut.token_offset, cut.score, cut.category);
-      $("score-cut").append(cutCard({ gate, threshold, ...cut }, S.features));
+      $("score-cut").append(cutCard({ gate, threshold, ...cut }, S.features,
+        { title: `A stream would be cut here (${gate} gate)` }));
     }
     box.dataset.state = "done";
   };
