@@ -1,0 +1,160 @@
+"""Audit log of guard decisions: one JSON object per line.
+
+Each guarded request leaves one line per decision: ``intervened`` (a safety cut, prompt or response
+gate), ``guard_error`` (the guard failed and the policy failed closed), or ``pass`` (guarded, not cut).
+Lines carry ids, the tenant, the category, the score, the threshold, the offsets and the SAE feature
+ids; never the text unless ``ops.audit.include_content`` is on.
+
+Writes are one ``write()`` of one line on a file opened in append mode, so several worker processes can
+share the file without interleaving lines (lines stay well under the size POSIX appends keep whole).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from gateway.ops_config import AuditSettings
+from gateway.serving.common import StreamStats
+from guard.api import SafetyCut
+
+log = logging.getLogger(__name__)
+
+
+class AuditLog:
+    def __init__(self, settings: AuditSettings, home: Path) -> None:
+        self.settings = settings
+        self.path: Path | None
+        if settings.path is not None and str(settings.path) == "-":
+            self.path = None
+        else:
+            self.path = settings.path or home / "audit" / "audit.jsonl"
+        self._fh: IO[str] | None = None
+        self.lines_written = 0
+
+    def _stream(self) -> IO[str]:
+        if self.path is None:
+            return sys.stderr
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives with the app
+        return self._fh
+
+    def write(self, records: Iterable[dict[str, Any]]) -> None:
+        try:
+            out = self._stream()
+            for rec in records:
+                out.write(json.dumps(rec, separators=(",", ":"), ensure_ascii=False) + "\n")
+                self.lines_written += 1
+        except OSError:
+            # An unwritable audit log must not take the stream down; it is loud in the server log instead.
+            log.exception("could not write the audit log at %s", self.path)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    # ------------------------------------------------------------------------------- record building
+    @staticmethod
+    def cut_record(cut: SafetyCut) -> dict[str, Any]:
+        return {
+            "gate": cut.gate,
+            "decision": cut.decision,
+            "category": cut.category,
+            "score": round(float(cut.score), 6),
+            "threshold": round(float(cut.threshold), 6),
+            "token_offset": cut.token_offset,
+            "char_offset": cut.char_offset,
+            "feature_ids": [f.id for f in cut.features],
+        }
+
+    def records(
+        self,
+        *,
+        request_id: str | None,
+        tenant: str,
+        key_id: str | None,
+        route: str,
+        status: int,
+        stats: list[StreamStats],
+        prompt_cut: dict[str, Any] | None,
+        guarded: bool,
+        fail_closed: bool,
+        content: dict[str, Any] | None,
+    ) -> list[dict[str, Any]]:
+        base = {
+            "ts": round(time.time(), 3),
+            "request_id": request_id,
+            "tenant": tenant,
+            "key_id": key_id,
+            "route": route,
+            "status": status,
+            "fail_closed": fail_closed,
+            "pid": os.getpid(),
+        }
+        out: list[dict[str, Any]] = []
+        if prompt_cut is not None:
+            out.append({**base, "model": prompt_cut.pop("_model", None), **prompt_cut})
+        for st in stats:
+            for cut in st.cuts:
+                out.append({**base, "model": st.model, **self.cut_record(cut), "disconnected": st.disconnected})
+            if guarded and not st.cuts and self.settings.log_passes:
+                out.append({**base, "model": st.model, "gate": "response", "decision": "pass",
+                            "completion_tokens": st.completion_tokens, "finish_reasons": st.finish_reasons,
+                            "disconnected": st.disconnected})
+        if content is not None and self.settings.include_content:
+            for rec in out:
+                rec["content"] = content
+        return out
+
+
+def prompt_cut_from_error(body: bytes, model: str | None) -> dict[str, Any] | None:
+    """The prompt gate answers 400 ``content_filter`` with the cut in ``error.safety``; read it back."""
+    try:
+        err = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(err, dict) or err.get("code") != "content_filter" or not isinstance(err.get("safety"), dict):
+        return None
+    s = err["safety"]
+    return {
+        "_model": model,
+        "gate": s.get("gate", "prompt"),
+        "decision": s.get("decision", "intervened"),
+        "category": s.get("category"),
+        "score": s.get("score"),
+        "threshold": s.get("threshold"),
+        "token_offset": s.get("token_offset"),
+        "char_offset": s.get("char_offset"),
+        "feature_ids": [f.get("id") for f in s.get("features", []) if isinstance(f, dict)],
+    }
+
+
+def released_text(body: bytes, streamed: bool) -> list[str]:
+    """The text each choice actually received (for ``include_content``), read back from our own response."""
+    texts: dict[int, str] = {}
+    try:
+        if streamed:
+            for frame in body.split(b"\n\n"):
+                if not frame.startswith(b"data: {"):
+                    continue
+                obj = json.loads(frame[6:])
+                for ch in obj.get("choices") or []:
+                    piece = (ch.get("delta") or {}).get("content") if "delta" in ch else ch.get("text")
+                    if piece:
+                        texts[ch["index"]] = texts.get(ch["index"], "") + piece
+        else:
+            obj = json.loads(body)
+            for ch in obj.get("choices") or []:
+                piece = (ch.get("message") or {}).get("content") if "message" in ch else ch.get("text")
+                texts[ch["index"]] = piece or ""
+    except (ValueError, KeyError, TypeError):
+        return []
+    return [texts[i] for i in sorted(texts)]

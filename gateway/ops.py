@@ -1,0 +1,403 @@
+"""The operations layer, installed with one call: ``install_ops(app, settings)`` (from ``create_app``).
+
+It adds one pure-ASGI middleware (outermost, so it sees every request, streamed or not) that, in order:
+
+1. refuses new work with 503 once a drain started (SIGTERM), while open streams finish;
+2. reads the body with a hard size cap (also for chunked uploads, which carry no Content-Length) -> 413;
+3. authenticates the API key and sets ``request.state.principal`` / ``.tenant`` / ``.guard_policy``
+   (the tenant's resolved ``guard.api.GuardPolicy``) / ``.allow_guard_disable``;
+4. takes an admission slot for generation routes (429 quota vs 503 overload, ``Retry-After``);
+5. sets the request's stream timeouts (``gateway.serving.common.STREAM_TIMEOUTS``) and a stats sink;
+6. after the response is done: releases the slot and writes the audit lines of the guard decisions.
+
+It also wraps the app's lifespan (lease renewal, SIGTERM drain hook, clean close). Without a running
+lifespan (in-process test clients) everything still works: Redis connects lazily.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from gateway import metrics
+from gateway.admission import AdmissionController, Rejected, Slot
+from gateway.audit import AuditLog, prompt_cut_from_error, released_text
+from gateway.auth import Authenticator, KeyStore, OwnerStore, Principal
+from gateway.errors import OpenAIError
+from gateway.ops_config import OpsSettings
+from gateway.serving.common import STREAM_TIMEOUTS, StreamStats, StreamTimeouts
+from gateway.tenants import Tenants
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_CAPTURE_CAP = 1 << 20          # response bytes kept for the audit log (content mode / prompt refusals)
+
+
+def ops_settings_of(settings: Any) -> OpsSettings:
+    """``settings.ops`` once the lead nests it; the defaults until then (auth off, default limits)."""
+    ops = getattr(settings, "ops", None)
+    return ops if isinstance(ops, OpsSettings) else OpsSettings()
+
+
+def make_redis(url: str, timeout_s: float) -> Any:
+    """An asyncio Redis client that fails fast: a slow Redis must read as a down Redis, not stall requests."""
+    import redis.asyncio as aioredis
+
+    return aioredis.Redis.from_url(
+        url, socket_timeout=max(timeout_s, 0.05), socket_connect_timeout=max(timeout_s, 0.05), retry_on_timeout=False
+    )
+
+
+@dataclass
+class OpsRuntime:
+    """What the ops layer keeps on ``app.state.ops``."""
+
+    app: FastAPI
+    settings: Any
+    ops: OpsSettings
+    redis: Any | None
+    keys: KeyStore | None
+    owners: OwnerStore | None
+    auth: Authenticator | None
+    admission: AdmissionController | None
+    audit: AuditLog | None
+    _tenants: Tenants | None = None
+
+    @property
+    def tenants(self) -> Tenants:
+        # Built on first use: create_app may install the guard policy after install_ops ran.
+        if self._tenants is None:
+            st = self.app.state
+            self._tenants = Tenants(self.ops, st.guard_policy, bool(st.allow_guard_disable))
+        return self._tenants
+
+    @property
+    def draining(self) -> bool:
+        return bool(getattr(self.app.state, "draining", False))
+
+    def begin_drain(self) -> None:
+        """Stop taking new work; streams already admitted run to the end (uvicorn waits for them)."""
+        if not self.draining:
+            log.info("drain: refusing new requests, %d in flight", self.in_flight)
+        self.app.state.draining = True
+        metrics.DRAINING.set(1)
+
+    @property
+    def in_flight(self) -> int:
+        return self.admission.in_flight if self.admission is not None else 0
+
+    async def wait_drained(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.in_flight == 0
+
+    async def aclose(self) -> None:
+        if self.admission is not None:
+            await self.admission.close()
+        if self.audit is not None:
+            self.audit.close()
+        if self.redis is not None:
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()
+
+
+def install_ops(app: FastAPI, settings: Any) -> OpsRuntime:
+    """Wire auth, tenants, admission, timeouts, audit and drain into ``app``. Call once, in ``create_app``."""
+    ops = ops_settings_of(settings)
+    prefix = settings.redis.key_prefix
+    redis = make_redis(settings.redis.url, ops.admission.redis_timeout_s)
+    keys = KeyStore(redis, prefix)
+    rt = OpsRuntime(
+        app=app,
+        settings=settings,
+        ops=ops,
+        redis=redis,
+        keys=keys,
+        owners=OwnerStore(redis, prefix),
+        auth=Authenticator(ops.auth, keys) if ops.auth.enabled else None,
+        admission=AdmissionController(ops.admission, redis, prefix) if ops.admission.enabled else None,
+        audit=AuditLog(ops.audit, settings.home) if ops.audit.enabled else None,
+    )
+    app.state.ops = rt
+    app.add_middleware(OpsMiddleware, runtime=rt)
+    _wrap_lifespan(app, rt)
+    return rt
+
+
+def _wrap_lifespan(app: FastAPI, rt: OpsRuntime) -> None:
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(a: Any) -> AsyncIterator[Any]:
+        if rt.admission is not None:
+            rt.admission.start()
+        restore = _hook_signals(rt)
+        try:
+            async with inner(a) as state:
+                yield state
+                # Shutdown begins here. uvicorn has already waited for open connections (its graceful
+                # window is drain_timeout_s); this covers servers that do not.
+                rt.begin_drain()
+                drained = await rt.wait_drained(rt.settings.server.drain_timeout_s)
+                if not drained:
+                    log.warning("drain: %d request(s) still in flight at shutdown", rt.in_flight)
+        finally:
+            restore()
+            await rt.aclose()
+
+    app.router.lifespan_context = lifespan
+
+
+def _hook_signals(rt: OpsRuntime) -> Callable[[], None]:
+    """Chain SIGTERM/SIGINT: mark draining at once (readiness turns 503, new requests get 503), then let the
+    server's own handler (uvicorn's graceful shutdown) run."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous: dict[int, Any] = {}
+
+    def handler(signum: int, frame: Any) -> None:
+        rt.begin_drain()
+        prev = previous.get(signum)
+        if callable(prev):
+            prev(signum, frame)
+        elif prev == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, handler)
+        except (ValueError, OSError):     # not allowed here (embedded interpreter): no hook, no harm
+            previous.pop(sig, None)
+
+    def restore() -> None:
+        for sig, prev in previous.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                if signal.getsignal(sig) is handler:
+                    signal.signal(sig, prev)
+
+    return restore
+
+
+def _error_response(err: OpenAIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def _route_label(path: str) -> str:
+    return {"/v1/chat/completions": "chat", "/v1/completions": "completions"}.get(path, "other")
+
+
+class OpsMiddleware:
+    def __init__(self, app: ASGIApp, runtime: OpsRuntime) -> None:
+        self.app = app
+        self.rt = runtime
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rt = self.rt
+        path: str = scope["path"]
+        method: str = scope["method"]
+        public = path in rt.ops.auth.public_paths or path.startswith("/docs")
+        loop = asyncio.get_running_loop()
+        arrived = loop.time()
+
+        if rt.draining and not public:
+            metrics.SHED.labels("503", "draining").inc()
+            await _error_response(
+                OpenAIError(503, "The server is shutting down; retry on another replica.", code="server_shutting_down",
+                            headers={"Retry-After": "1", "Connection": "close"})
+            )(scope, receive, send)
+            return
+
+        # -- body with a hard cap ----------------------------------------------------------------
+        body = b""
+        if method in _BODY_METHODS:
+            try:
+                _check_length(scope, rt.settings.server.max_body_bytes)
+                body = await _read_body(receive, rt.settings.server.max_body_bytes)
+            except OpenAIError as e:
+                await _error_response(e)(scope, receive, send)
+                return
+            receive = _replay(body, receive)
+
+        # -- who is calling ----------------------------------------------------------------------
+        principal = Principal(tenant=rt.ops.default_tenant, key_id=None)
+        if rt.auth is not None and not public:
+            headers = dict(scope.get("headers") or [])
+            auth_header = headers.get(b"authorization")
+            try:
+                principal = await rt.auth.authenticate(auth_header.decode("latin-1") if auth_header else None)
+            except OpenAIError as e:
+                metrics.REQUESTS.labels(_route_label(path), str(e.status)).inc()
+                await _error_response(e)(scope, receive, send)
+                return
+        view = rt.tenants.view(principal.tenant)
+        state = scope.setdefault("state", {})
+        state["principal"] = principal
+        state["tenant"] = principal.tenant
+        state["guard_policy"] = view.guard_policy
+        state["allow_guard_disable"] = view.allow_guard_disable
+
+        # -- admission ---------------------------------------------------------------------------
+        slot: Slot | None = None
+        if rt.admission is not None and method == "POST" and path in rt.ops.admission.paths:
+            try:
+                slot = await rt.admission.acquire(principal.tenant, view.quota)
+            except Rejected as e:
+                metrics.REQUESTS.labels(_route_label(path), str(e.status)).inc()
+                await _error_response(e)(scope, receive, send)
+                return
+
+        # -- run it ------------------------------------------------------------------------------
+        srv = rt.settings.server
+        t_tok = STREAM_TIMEOUTS.set(
+            StreamTimeouts(first_token_s=srv.first_token_timeout_s, idle_s=srv.idle_token_timeout_s,
+                           total_s=srv.request_timeout_s, started=arrived)
+        )
+        sink: list[StreamStats] = []
+        s_tok = metrics.STATS_SINK.set(sink)
+        audit = rt.audit if path in rt.ops.admission.paths else None
+        resp: dict[str, Any] = {"status": 0, "request_id": None, "body": bytearray(), "streamed": False}
+        want_content = audit is not None and audit.settings.include_content
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                resp["status"] = int(message["status"])
+                for k, v in message.get("headers") or []:
+                    if k.lower() == b"x-request-id":
+                        resp["request_id"] = v.decode("latin-1")
+                    elif k.lower() == b"content-type" and v.startswith(b"text/event-stream"):
+                        resp["streamed"] = True
+                if resp["request_id"] is None:
+                    # Refusals and errors get an id too, so a client's report can be matched to the audit log.
+                    rid = "req-" + secrets.token_hex(12)
+                    resp["request_id"] = rid
+                    message["headers"] = [*(message.get("headers") or []), (b"x-request-id", rid.encode())]
+            elif (
+                message["type"] == "http.response.body"
+                and audit is not None
+                and (want_content or resp["status"] == 400)
+                and len(resp["body"]) < _CAPTURE_CAP
+            ):
+                resp["body"] += message.get("body", b"")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            STREAM_TIMEOUTS.reset(t_tok)
+            metrics.STATS_SINK.reset(s_tok)
+            if slot is not None and rt.admission is not None:
+                # Shielded: a client disconnect cancels this task, and the slot must still come back.
+                await asyncio.shield(rt.admission.release(slot))
+            if audit is not None:
+                try:
+                    self._audit(audit, principal, view.guard_policy, view.allow_guard_disable, path, body, resp, sink)
+                except Exception:   # auditing must never turn a served response into an error
+                    log.exception("audit failed for %s", resp["request_id"])
+
+    def _audit(self, audit: AuditLog, principal: Principal, policy: Any, allow_disable: bool, path: str,
+               body: bytes, resp: dict[str, Any], sink: list[StreamStats]) -> None:
+        req: dict[str, Any] = {}
+        with contextlib.suppress(ValueError, TypeError):
+            parsed = json.loads(body) if body else {}
+            req = parsed if isinstance(parsed, dict) else {}
+        prompt_cut = prompt_cut_from_error(bytes(resp["body"]), req.get("model")) if resp["status"] == 400 else None
+        if prompt_cut is not None:
+            metrics.GUARD_DECISIONS.labels(prompt_cut["decision"], str(prompt_cut["category"]),
+                                           str(req.get("model"))).inc()
+            if prompt_cut["decision"] == "guard_error":
+                metrics.GUARD_FAILURES.labels("fail_closed").inc()
+        guard_on = self.rt.app.state.guard is not None and bool(getattr(policy, "enabled", False))
+        overrides = req.get("guard")
+        if isinstance(overrides, dict) and overrides.get("enabled") is False and allow_disable:
+            guard_on = False
+        if prompt_cut is None and not sink:
+            return
+        content = None
+        if audit.settings.include_content:
+            content = {
+                "prompt": req.get("messages", req.get("prompt")),
+                "completion": released_text(bytes(resp["body"]), resp["streamed"]),
+            }
+        records = audit.records(
+            request_id=resp["request_id"],
+            tenant=principal.tenant,
+            key_id=principal.key_id,
+            route=path,
+            status=resp["status"],
+            stats=sink,
+            prompt_cut=prompt_cut,
+            guarded=guard_on,
+            fail_closed=bool(getattr(policy, "fail_closed", True)),
+            content=content,
+        )
+        if records:
+            audit.write(records)
+
+
+def _check_length(scope: Scope, limit: int) -> None:
+    """Refuse on the declared length alone, before reading a byte."""
+    for k, v in scope.get("headers") or []:
+        if k == b"content-length":
+            try:
+                too_big = int(v) > limit
+            except ValueError:
+                raise OpenAIError(400, "Content-Length is not a number.", code="invalid_request") from None
+            if too_big:
+                raise OpenAIError(413, f"Request body larger than {limit} bytes.", code="request_too_large")
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise OpenAIError(413, f"Request body larger than {limit} bytes.", code="request_too_large")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()      # after the body: disconnect notifications
+
+    return replay

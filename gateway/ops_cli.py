@@ -1,0 +1,102 @@
+"""``nextguard keys create|list|revoke`` and ``nextguard bench load``.
+
+``gateway.cli`` calls :func:`add_subcommands` and :func:`add_bench_subcommands` (listed in its
+``SUBCOMMAND_MODULES``). Key commands talk to Redis directly: they are for the operator on the box, the
+same Redis every gateway replica reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gateway.config import RedisSettings
+
+
+class _RedisOnly(BaseSettings):
+    """Only the ``redis`` branch of the settings tree: key management must not need a model or a guard."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="NEXTGUARD_", env_nested_delimiter="__", env_ignore_empty=True, extra="ignore"
+    )
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text + "\n")
+
+
+def _store(args: argparse.Namespace) -> tuple[Any, Any]:
+    import redis.asyncio as aioredis
+
+    from gateway.auth import KeyStore
+
+    rs = _RedisOnly().redis
+    client = aioredis.Redis.from_url(args.redis_url or rs.url, socket_connect_timeout=3, socket_timeout=3)
+    return client, KeyStore(client, args.prefix or rs.key_prefix)
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from gateway.auth import KeyNotFound
+
+    async def run() -> int:
+        client, store = _store(args)
+        try:
+            if args.keys_command == "create":
+                plain, rec = await store.create(args.tenant, args.name)
+                if args.json:
+                    _out(json.dumps({"key": plain, **rec.public()}))
+                else:
+                    _out(f"{plain}\n# id {rec.id}  tenant {rec.tenant}  (shown once: store it now)")
+            elif args.keys_command == "list":
+                recs = await store.list(args.tenant)
+                if args.json:
+                    _out(json.dumps([r.public() for r in recs]))
+                else:
+                    for r in recs:
+                        p = r.public()
+                        _out(f"{p['id']}\t{p['tenant']}\t{p['status']}\t{p['name']}")
+            else:
+                try:
+                    rec = await store.revoke(args.key_id)
+                except KeyNotFound:
+                    sys.stderr.write(f"no key with id {args.key_id!r} (see `nextguard keys list`)\n")
+                    return 1
+                _out(json.dumps(rec.public()) if args.json else f"revoked {rec.id} (tenant {rec.tenant})")
+            return 0
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+def add_subcommands(subparsers: Any) -> None:
+    keys = subparsers.add_parser("keys", help="API keys (stored hashed in Redis; the tenant comes from the key)")
+    keys.add_argument("--redis-url", default=None, help="default: NEXTGUARD_REDIS__URL or the settings default")
+    keys.add_argument("--prefix", default=None, help="Redis key prefix (default: NEXTGUARD_REDIS__KEY_PREFIX)")
+    keys.add_argument("--json", action="store_true", help="machine-readable output")
+    ks = keys.add_subparsers(dest="keys_command", required=True)
+    c = ks.add_parser("create", help="create a key for a tenant; prints the key once")
+    c.add_argument("--tenant", required=True)
+    c.add_argument("--name", default="", help="a label for the key (who or what uses it)")
+    ls = ks.add_parser("list", help="list keys (ids, tenants, status; never the keys)")
+    ls.add_argument("--tenant", default=None)
+    r = ks.add_parser("revoke", help="revoke a key by its id (effective within ops.auth.cache_ttl_s)")
+    r.add_argument("key_id")
+    keys.set_defaults(func=_keys)
+
+
+def add_bench_subcommands(bench_subparsers: Any) -> None:
+    from gateway.loadbench import add_arguments, main
+
+    b = bench_subparsers.add_parser(
+        "load", help="reliability: N concurrent streams for a bounded time, then a disconnect storm"
+    )
+    add_arguments(b)
+    b.set_defaults(func=main)
