@@ -2,13 +2,16 @@
 :func:`record`; nothing else touches ``prometheus_client`` directly.
 
 vLLM's own ``vllm:*`` metrics live in the same default registry (the in-process engine registers
-them), so ``/metrics`` shows both. With several uvicorn workers set ``PROMETHEUS_MULTIPROC_DIR``.
+them), so ``/metrics`` shows both. With several uvicorn workers set ``PROMETHEUS_MULTIPROC_DIR`` (to an
+empty directory, before the first import of ``prometheus_client``): every gauge below declares how its
+per-process values combine (``multiprocess_mode``), and :func:`render` merges the workers' files.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextvars import ContextVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -43,11 +46,44 @@ CUT_POSITION = Histogram("gateway_cut_position_tokens", "Generated tokens before
 DISCONNECTS = Counter("gateway_client_disconnects_total", "Clients that went away mid-stream", ["route"])
 UPSTREAM_ABORTS = Counter("gateway_upstream_aborts_total", "Engine requests aborted by the gateway", ["reason"])
 ERRORS = Counter("gateway_errors_total", "Errors after the response started", ["stage"])
-ENGINE_RUNNING = Gauge("gateway_engine_requests_running", "Requests inside the engine (running or waiting)")
+ENGINE_RUNNING = Gauge(
+    "gateway_engine_requests_running", "Requests inside the engine (running or waiting)", multiprocess_mode="livesum"
+)
+# --- operations (gateway.ops / admission / guard chain) ---
+GUARD_STEP = Histogram(
+    "gateway_guard_step_seconds",
+    "Engine token arrival to its release by the guard (scoring plus hold-back wait)",
+    ["model"],
+    buckets=ITL_BUCKETS,
+)
+HELD_BACK = Histogram(
+    "gateway_guard_held_back_tokens",
+    "Generated tokens the guard withheld and never sent when a choice was cut",
+    ["model"],
+    buckets=(0, *TOKEN_BUCKETS),
+)
+GUARD_FAILURES = Counter("gateway_guard_failures_total", "Guard errors, by the failure policy applied", ["policy"])
+QUEUE_DEPTH = Gauge("gateway_queue_depth", "Requests waiting for a global admission slot", multiprocess_mode="livesum")
+IN_FLIGHT = Gauge("gateway_in_flight_requests", "Admitted requests not yet finished", multiprocess_mode="livesum")
+SHED = Counter("gateway_shed_total", "Requests refused by admission control", ["code", "reason"])
+ADMISSION_SHARED = Gauge(
+    "gateway_admission_shared",
+    "1 while limits are shared through Redis, 0 while this process falls back to per-process limits",
+    multiprocess_mode="livemin",
+)
+DRAINING = Gauge("gateway_draining", "1 after SIGTERM while in-flight streams finish", multiprocess_mode="livemax")
+
+_engine_running_source: Callable[[], float] | None = None
+
+# Per-request collector: the ops layer (audit log) sets a list here for the request and reads the
+# stats back when the response is done. None = nobody is collecting.
+STATS_SINK: ContextVar[list[StreamStats] | None] = ContextVar("nextguard_stats_sink", default=None)
 
 
 def set_engine_running_source(fn: Callable[[], float]) -> None:
     """Sample the engine's live request count at scrape time (exact even when the engine is idle)."""
+    global _engine_running_source
+    _engine_running_source = fn
     ENGINE_RUNNING.set_function(fn)
 
 
@@ -65,17 +101,29 @@ def record(stats: StreamStats) -> None:
         GUARD_DECISIONS.labels(cut.decision, cut.category, model).inc()
         CUT_POSITION.labels(model).observe(cut.token_offset)
         UPSTREAM_ABORTS.labels("guard_cut").inc()
+        if cut.decision == "guard_error":
+            GUARD_FAILURES.labels("fail_closed").inc()
+    for n in stats.held_back:
+        HELD_BACK.labels(model).observe(n)
+    for dt in stats.guard_step:
+        GUARD_STEP.labels(model).observe(dt)
     if stats.disconnected:
         DISCONNECTS.labels(stats.route).inc()
         UPSTREAM_ABORTS.labels("client_disconnect").inc()
     if stats.error:
         ERRORS.labels(stats.error).inc()
+    sink = STATS_SINK.get()
+    if sink is not None:
+        sink.append(stats)
 
 
 def render() -> tuple[bytes, str]:
     if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
         from prometheus_client import multiprocess
 
+        if _engine_running_source is not None:
+            # set_function gauges are invisible to the multiprocess collector: write the value to the file.
+            ENGINE_RUNNING.set(_engine_running_source())
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         return generate_latest(registry), CONTENT_TYPE_LATEST

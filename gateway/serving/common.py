@@ -8,6 +8,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,8 @@ class StreamStats:
     finish_reasons: list[str] = field(default_factory=list)
     disconnected: bool = False
     error: str | None = None
+    guard_step: list[float] = field(default_factory=list)   # engine arrival -> guard release, per token delta
+    held_back: list[int] = field(default_factory=list)      # per cut choice: tokens received but never sent
 
     def on_tokens(self, n: int) -> None:
         if n <= 0:
@@ -96,6 +99,39 @@ class StreamStats:
         self.completion_tokens += n
 
 
+@dataclass(frozen=True, slots=True)
+class StreamTimeouts:
+    """Per-request limits (``ServerSettings``): to the first token, between two tokens, and in total."""
+
+    first_token_s: float = 120.0
+    idle_s: float = 60.0
+    total_s: float = 600.0
+    started: float | None = None     # loop.time() when the request arrived; None = when the choice starts
+
+
+# Set per request at the edge (``gateway.ops``) from the server settings. A context variable because the
+# serving classes are settings-free and the deadline belongs to the request, not to the engine call.
+_DEFAULT_TIMEOUTS = StreamTimeouts()   # frozen, so sharing it as the default is safe
+STREAM_TIMEOUTS: ContextVar[StreamTimeouts] = ContextVar("nextguard_stream_timeouts", default=_DEFAULT_TIMEOUTS)
+
+
+def _timeout_error(kind: str, seconds: float) -> OpenAIError:
+    what = {
+        "first_token_timeout": "No token was generated within",
+        "idle_timeout": "No further token was generated within",
+        "request_timeout": "The request did not finish within",
+    }[kind]
+    return OpenAIError(504, f"{what} {seconds:g} s; retry, or ask for fewer tokens.", type="timeout_error", code=kind)
+
+
+async def _tap(deltas: AsyncIterator[TokenDelta], arrivals: dict[int, tuple[float, int]]) -> AsyncIterator[TokenDelta]:
+    """Note when each engine delta arrives, so the time the guard holds it can be measured on release."""
+    async for d in deltas:
+        arrivals[id(d)] = (time.perf_counter(), len(d.token_ids))
+        yield d
+    # (closing this wrapper closes ``deltas`` too: async generators close what they iterate on exit)
+
+
 async def choice_stream(
     engine: EngineClient,
     guard: StreamGuard | None,
@@ -104,18 +140,49 @@ async def choice_stream(
     prompt_text: str,
     options: SamplingOptions,
     request_id: str,
+    stats: StreamStats | None = None,
 ) -> AsyncIterator[Item]:
-    """engine deltas → (guard.watch) for one choice. A cut aborts the engine request at once."""
+    """engine deltas → (guard.watch) for one choice. A cut aborts the engine request at once.
+
+    Timeouts come from :data:`STREAM_TIMEOUTS`; one that fires raises a 504 ``OpenAIError`` (an in-stream
+    error frame once streaming started) and aborts the engine request. With ``stats`` the guard's per-delta
+    delay and, on a cut, the withheld token count are recorded."""
     deltas = engine.generate(prompt_ids, options, request_id)
     source: AsyncIterator[Item] = deltas
-    if guard is not None and policy.enabled:
-        source = guard.watch(prompt_text, deltas, policy)
+    arrivals: dict[int, tuple[float, int]] = {}
+    guarded = guard is not None and policy.enabled
+    if guarded:
+        assert guard is not None
+        source = guard.watch(prompt_text, _tap(deltas, arrivals) if stats is not None else deltas, policy)
+    limits = STREAM_TIMEOUTS.get()
+    loop = asyncio.get_running_loop()
+    deadline = (limits.started if limits.started is not None else loop.time()) + limits.total_s
+    it = source.__aiter__()
+    first = True
     try:
-        async for item in source:
+        while True:
+            gap_s = limits.first_token_s if first else limits.idle_s
+            kind = "first_token_timeout" if first else "idle_timeout"
+            if deadline - loop.time() < gap_s:
+                gap_s, kind = max(0.0, deadline - loop.time()), "request_timeout"
+            try:
+                async with asyncio.timeout(gap_s):
+                    item = await anext(it)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise _timeout_error(kind, limits.total_s if kind == "request_timeout" else gap_s) from None
+            first = False
             if isinstance(item, SafetyCut):
                 await engine.abort(request_id)
+                if stats is not None and guarded:
+                    stats.held_back.append(sum(n for _, n in arrivals.values()))
                 yield item
                 return
+            if stats is not None and guarded:
+                got = arrivals.pop(id(item), None)
+                if got is not None:
+                    stats.guard_step.append(time.perf_counter() - got[0])
             yield item
     except EngineError as e:
         raise OpenAIError(500, f"The engine failed while generating: {e}", code="engine_error") from e
