@@ -123,9 +123,12 @@ class OpsRuntime:
                 await self.redis.aclose()
 
 
-def install_ops(app: FastAPI, settings: Any) -> OpsRuntime:
-    """Wire auth, tenants, admission, timeouts, audit and drain into ``app``. Call once, in ``create_app``."""
-    ops = ops_settings_of(settings)
+def install_ops(app: FastAPI, settings: Any, ops: OpsSettings | None = None) -> OpsRuntime:
+    """Wire auth, tenants, admission, timeouts, audit and drain into ``app``. Call once, in ``create_app``
+    (``ops`` overrides ``settings.ops``)."""
+    if getattr(app.state, "ops", None) is not None:
+        raise RuntimeError("install_ops was already called on this app")
+    ops = ops or ops_settings_of(settings)
     prefix = settings.redis.key_prefix
     redis = make_redis(settings.redis.url, ops.admission.redis_timeout_s)
     keys = KeyStore(redis, prefix)

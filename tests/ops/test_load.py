@@ -1,0 +1,61 @@
+"""64 concurrent streams with 0 errors, then a disconnect storm that must leave the engine with no running
+request. The real app and a real uvicorn on loopback (in this process), the scripted engine behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from gateway.loadbench import bench, pct
+from gateway.ops_config import AdmissionSettings, OpsSettings
+from tests.conftest import free_port
+from tests.doubles import ScriptedEngine
+from tests.ops.conftest import make_app
+
+
+@contextlib.asynccontextmanager
+async def serve_in_process(app: Any) -> AsyncIterator[str]:
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the test runner owns signals
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 30)
+
+
+def test_pct() -> None:
+    assert pct([], 0.5) is None
+    assert pct([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert pct([float(i) for i in range(1, 101)], 0.99) == 99.0
+
+
+@pytest.mark.redis
+async def test_64_streams_zero_errors_and_disconnect_storm(tmp_path: Path, redis_url: str, prefix: str) -> None:
+    engine = ScriptedEngine(pieces=[f"w{i} " for i in range(16)], delay=0.005)
+    ops = OpsSettings(admission=AdmissionSettings(max_in_flight=256, tenant_max_in_flight=256))
+    app, rt = make_app(engine, tmp_path, redis_url=redis_url, prefix=prefix, ops=ops)
+    async with serve_in_process(app) as base:
+        report = await bench(base, model=None, api_key=None, concurrency=64, duration_s=3.0, max_tokens=16, storm=64)
+    load, storm = report["load"], report["disconnect_storm"]
+    assert load["errors"] == 0, load["error_kinds"]
+    assert load["ok"] >= 64                     # every client finished at least one full stream
+    assert load["ttft_ms"]["p99"] is not None and load["itl_ms"]["p99"] is not None
+    assert storm["hung_up_after_first_token"] == 64 and storm["failed_to_start"] == 0
+    assert storm["running_after"] == 0
+    assert engine.num_running() == 0
+    assert len(engine.aborted) >= 64            # every departed client's engine request was aborted
+    assert rt.admission is not None and rt.admission.in_flight == 0
