@@ -1,6 +1,6 @@
 // Suite runs: the list (GET /v1/suites, GET /v1/runs) and a page per run (GET /v1/runs/{id}), polled
 // while the run is not finished; plots and JSON from GET /v1/runs/{id}/artifacts/{file}.
-import { ApiError, getJson, listOf } from "./api.js";
+import { ApiError, getJson, listOf, postJson } from "./api.js";
 import { el, fmt } from "./risk.js";
 
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
@@ -58,10 +58,7 @@ async function renderList() {
     unavailable(view, "Suite runs", e);
     return;
   }
-  const suiteList = el("ul", { class: "suites" }, suites.map((s) => el("li", {},
-    el("strong", {}, s.name ?? s.id ?? "?"), s.version !== undefined ? el("span", { class: "muted" }, ` v${s.version}`) : null,
-    s.description ? el("span", { class: "muted" }, ` — ${s.description}`) : null,
-    s.presets ? el("span", { class: "muted small" }, ` · presets: ${(Array.isArray(s.presets) ? s.presets : Object.keys(s.presets)).join(", ")}`) : null)));
+  const suiteList = el("ul", { class: "suites" }, suites.map(suiteItem));
   const table = el("table", { class: "runs" },
     el("thead", {}, el("tr", {}, ["run", "suite", "preset", "status", "progress", "created", "finished"].map((h) => el("th", {}, h)))),
     el("tbody", {}, runs.map((r) => el("tr", {},
@@ -72,6 +69,32 @@ async function renderList() {
     el("h2", {}, "Suites"), suites.length ? suiteList : el("p", { class: "muted" }, "no suites registered"),
     el("h2", {}, "Runs"), runs.length ? table : el("p", { class: "muted" }, "no runs yet (submit one with POST /v1/runs or the CLI)"));
   if (runs.some((r) => !TERMINAL.has(r.status))) poll(renderList, 3000);
+}
+
+/** One suite with a small form: POST /v1/suites/{name}/runs {"preset", "seed"}, then open the run's page. */
+function suiteItem(s) {
+  const name = s.name ?? s.id ?? "?";
+  const presets = s.presets ? (Array.isArray(s.presets) ? s.presets : Object.keys(s.presets)) : [];
+  const preset = el("select", { "aria-label": `${name} preset` }, presets.map((p) => el("option", { value: p }, p)));
+  const seed = el("input", { type: "number", value: "0", min: "0", step: "1", class: "seed", "aria-label": "seed" });
+  const msg = el("span", { class: "small" });
+  const go = el("button", { type: "button", class: "secondary small-btn", onclick: async () => {
+    go.disabled = true;
+    msg.textContent = "submitting…";
+    try {
+      const run = await postJson(`v1/suites/${encodeURIComponent(name)}/runs`,
+        { ...(presets.length ? { preset: preset.value } : {}), seed: Number(seed.value) || 0 });
+      location.hash = `#runs/${encodeURIComponent(run.id)}`;
+    } catch (e) {
+      msg.className = "small error";
+      msg.textContent = e.message;
+      go.disabled = false;
+    }
+  } }, "Run");
+  return el("li", {},
+    el("div", {}, el("strong", {}, name), s.version !== undefined ? el("span", { class: "muted" }, ` v${s.version}`) : null,
+      s.description ? el("span", { class: "muted" }, ` — ${s.description}`) : null),
+    el("div", { class: "suite-form" }, presets.length ? preset : null, el("label", { class: "small" }, "seed ", seed), go, msg));
 }
 
 /** Flatten nested metric objects into dotted keys for one table. */
@@ -111,6 +134,16 @@ async function renderRun(id) {
     el("p", {}, el("a", { href: "#runs" }, "← all runs")),
     el("h2", {}, `${run.suite ?? "suite"} `, statusPill(run.status), el("span", { class: "muted small" }, ` run ${run.id}`)),
     progressBar(run.progress, run.message),
+    TERMINAL.has(run.status) ? null : el("p", {}, el("button", { type: "button", class: "secondary", id: "run-cancel",
+      disabled: run.cancel_requested || null, onclick: async (ev) => {
+        ev.target.disabled = true;
+        try {
+          await postJson(`v1/runs/${encodeURIComponent(run.id)}/cancel`, {});
+        } catch (e) {
+          ev.target.after(el("span", { class: "error small" }, ` ${e.message}`));
+        }
+        renderRun(id);
+      } }, run.cancel_requested ? "cancel requested…" : "Cancel run")),
     el("table", { class: "kv" }, el("tbody", {}, [
       ["preset", run.preset], ["seed", run.seed], ["version", run.version], ["attempts", run.attempts],
       ["created", when(run.created_at)], ["started", when(run.started_at)], ["finished", when(run.finished_at)],
@@ -172,7 +205,7 @@ async function renderRun(id) {
     }
     parts.push(el("h3", {}, "Artifacts"), plots, files);
   }
-  view.replaceChildren(...parts);
+  view.replaceChildren(...parts.filter(Boolean));
   view.dataset.run = run.id;
   view.dataset.status = run.status;
   if (!TERMINAL.has(run.status)) poll(() => renderRun(id), 2000);
