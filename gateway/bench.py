@@ -147,10 +147,18 @@ def _merge(rs: list[RunStats]) -> RunStats:
 def main(args: argparse.Namespace) -> int:
     if args.model is not None:
         os.environ["NEXTGUARD_INFERENCE__MODEL"] = args.model
+    if args.guard == "off":
+        os.environ["NEXTGUARD_GUARD__ENABLED"] = "false"
     settings = Settings()
     source, name = resolve_model(settings.inference)
     inf = settings.inference
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": f"{inf.kv_cache_gib:g}", "NEXTGUARD_REDIS__EMBEDDED": "false"}
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": f"{inf.kv_cache_gib:g}",
+        "NEXTGUARD_REDIS__EMBEDDED": "false",
+        # guard off = the monitor is not even loaded, so the ratio isolates the gateway's own overhead
+        "NEXTGUARD_GUARD__ENABLED": "true" if args.guard == "on" else "false",
+    }
     vport, gport = _free_port(), _free_port()
     logs = Path(settings.home) / "bench"
     logs.mkdir(parents=True, exist_ok=True)
