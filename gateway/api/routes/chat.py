@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gateway.api.streaming import json_response, sse_response
@@ -16,9 +16,9 @@ router = APIRouter(tags=["chat"])
     response_model=ChatCompletion,
     responses={400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
 )
-async def create_chat_completion(req: ChatCompletionRequest, serving: ChatDep) -> Response:
+async def create_chat_completion(req: ChatCompletionRequest, serving: ChatDep, request: Request) -> Response:
     """Create a chat completion (streamed as SSE when `stream` is true), guarded token by token."""
-    prepared = await serving.prepare(req)
+    prepared = await serving.prepare(req, getattr(request.state, "guard_policy", None))
     stats = StreamStats(route="chat", model=prepared.model)
     if req.stream:
         return sse_response(serving.stream(prepared, stats), stats, prepared.id)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gateway.api.streaming import json_response, sse_response
@@ -16,9 +16,9 @@ router = APIRouter(tags=["completions"])
     response_model=Completion,
     responses={400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
 )
-async def create_completion(req: CompletionRequest, serving: CompletionDep) -> Response:
+async def create_completion(req: CompletionRequest, serving: CompletionDep, request: Request) -> Response:
     """Create a text completion; `echo` with `logprobs` (and `max_tokens=0`) scores the prompt."""
-    prepared = await serving.prepare(req)
+    prepared = await serving.prepare(req, getattr(request.state, "guard_policy", None))
     stats = StreamStats(route="completions", model=prepared.model)
     if req.stream:
         return sse_response(serving.stream(prepared, stats), stats, prepared.id)
