@@ -94,7 +94,9 @@ class ServingChat:
         self.default_policy = default_policy
         self.allow_guard_disable = allow_guard_disable
 
-    async def prepare(self, req: ChatCompletionRequest, tenant_policy: GuardPolicy | None = None) -> PreparedChat:
+    async def prepare(
+        self, req: ChatCompletionRequest, tenant_policy: GuardPolicy | None = None, allow_disable: bool | None = None
+    ) -> PreparedChat:
         engine = check_model(self.engine, req.model)
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
         try:
@@ -118,7 +120,11 @@ class ServingChat:
             min_tokens=req.min_tokens,
         )
         # the tenant's policy (set by the ops layer from the API key) replaces the deployment default
-        policy = policy_from(tenant_policy or self.default_policy, req.guard, allow_disable=self.allow_guard_disable)
+        policy = policy_from(
+            tenant_policy or self.default_policy,
+            req.guard,
+            allow_disable=self.allow_guard_disable if allow_disable is None else allow_disable,
+        )
         prompt_text = guard_prompt_text(req)
         if self.guard is not None and policy.enabled:
             cut = await self.guard.check_prompt(prompt_text, policy)

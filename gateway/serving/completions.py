@@ -79,7 +79,9 @@ class ServingCompletion:
         self.default_policy = default_policy
         self.allow_guard_disable = allow_guard_disable
 
-    async def prepare(self, req: CompletionRequest, tenant_policy: GuardPolicy | None = None) -> PreparedCompletion:
+    async def prepare(
+        self, req: CompletionRequest, tenant_policy: GuardPolicy | None = None, allow_disable: bool | None = None
+    ) -> PreparedCompletion:
         engine = check_model(self.engine, req.model)
         tok = engine.tokenizer
         vocab = len(tok)
@@ -117,7 +119,11 @@ class ServingCompletion:
             min_tokens=req.min_tokens,
         )
         # the tenant's policy (set by the ops layer from the API key) replaces the deployment default
-        policy = policy_from(tenant_policy or self.default_policy, req.guard, allow_disable=self.allow_guard_disable)
+        policy = policy_from(
+            tenant_policy or self.default_policy,
+            req.guard,
+            allow_disable=self.allow_guard_disable if allow_disable is None else allow_disable,
+        )
         if self.guard is not None and policy.enabled:
             for _, text in prompts:
                 cut = await self.guard.check_prompt(text, policy)

@@ -18,7 +18,8 @@ router = APIRouter(tags=["chat"])
 )
 async def create_chat_completion(req: ChatCompletionRequest, serving: ChatDep, request: Request) -> Response:
     """Create a chat completion (streamed as SSE when `stream` is true), guarded token by token."""
-    prepared = await serving.prepare(req, getattr(request.state, "guard_policy", None))
+    st = request.state
+    prepared = await serving.prepare(req, getattr(st, "guard_policy", None), getattr(st, "allow_guard_disable", None))
     stats = StreamStats(route="chat", model=prepared.model)
     if req.stream:
         return sse_response(serving.stream(prepared, stats), stats, prepared.id)

@@ -18,7 +18,8 @@ router = APIRouter(tags=["completions"])
 )
 async def create_completion(req: CompletionRequest, serving: CompletionDep, request: Request) -> Response:
     """Create a text completion; `echo` with `logprobs` (and `max_tokens=0`) scores the prompt."""
-    prepared = await serving.prepare(req, getattr(request.state, "guard_policy", None))
+    st = request.state
+    prepared = await serving.prepare(req, getattr(st, "guard_policy", None), getattr(st, "allow_guard_disable", None))
     stats = StreamStats(route="completions", model=prepared.model)
     if req.stream:
         return sse_response(serving.stream(prepared, stats), stats, prepared.id)
