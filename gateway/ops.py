@@ -154,6 +154,9 @@ def _wrap_lifespan(app: FastAPI, rt: OpsRuntime) -> None:
 
     @asynccontextmanager
     async def lifespan(a: Any) -> AsyncIterator[Any]:
+        # A (re)started lifespan serves again (test clients run one lifespan per client on the same app).
+        app.state.draining = False
+        metrics.DRAINING.set(0)
         if rt.admission is not None:
             rt.admission.start()
         restore = _hook_signals(rt)
