@@ -288,26 +288,35 @@ def token_key_mask(plan: PBSPlan) -> Tensor:
 def attention_recall(
     q: Tensor, k: Tensor, plan: PBSPlan, *, scale: float | None = None, chunk: int = 1024
 ) -> Tensor:
-    """Mean over queries of the dense causal softmax mass on the plan's keys, per (batch, q_head).
+    """Mean over queries of the dense causal softmax mass on the plan's keys, per (batch, q_head)."""
+    return attention_recall_many(q, k, [plan], scale=scale, chunk=chunk)[0]
 
-    Computed in query chunks on the (b, hq, chunk, N) score slab so that 8K-32K fits in memory.
+
+def attention_recall_many(
+    q: Tensor, k: Tensor, plans: list[PBSPlan], *, scale: float | None = None, chunk: int = 1024
+) -> list[Tensor]:
+    """:func:`attention_recall` for several plans over the same q/k, computing dense probabilities once.
+
+    Works in query chunks on a (b, hq, chunk, N) slab so that 8K-32K fits in memory.
     """
     bsz, hq, n, d = q.shape
     group = hq // k.shape[1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    bs = plan.block_size
-    perm = plan.perm_for_q_heads()
-    inv = torch.empty_like(perm).scatter_(-1, perm, torch.arange(n, device=perm.device).expand_as(perm))
-    key_block = inv // bs
+    key_blocks = []
+    for plan in plans:
+        perm = plan.perm_for_q_heads()
+        inv = torch.empty_like(perm).scatter_(-1, perm, torch.arange(n, device=perm.device).expand_as(perm))
+        key_blocks.append(inv // plan.block_size)
     kx = k.float().repeat_interleave(group, dim=1)
-    total = torch.zeros(bsz, hq, dtype=torch.float64, device=q.device)
+    totals = [torch.zeros(bsz, hq, dtype=torch.float64, device=q.device) for _ in plans]
     for start in range(0, n, chunk):
         stop = min(start + chunk, n)
         logits = torch.matmul(q[:, :, start:stop].float(), kx.transpose(-1, -2)) * scale
         pos = torch.arange(start, stop, device=q.device)
         future = torch.arange(n, device=q.device)[None, :] > pos[:, None]
         probs = torch.softmax(logits.masked_fill(future, float("-inf")), dim=-1)
-        rows = plan.block_mask[:, :, pos // bs, :]
-        allowed = rows.gather(-1, key_block[:, :, None, :].expand(-1, -1, stop - start, -1))
-        total += (probs * allowed).sum(dim=-1).double().sum(dim=-1)
-    return total / n
+        for plan, key_block, total in zip(plans, key_blocks, totals, strict=True):
+            rows = plan.block_mask[:, :, pos // plan.block_size, :]
+            allowed = rows.gather(-1, key_block[:, :, None, :].expand(-1, -1, stop - start, -1))
+            total += (probs * allowed).sum(dim=-1).double().sum(dim=-1)
+    return [total / n for total in totals]

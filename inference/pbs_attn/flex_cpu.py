@@ -55,8 +55,12 @@ def _configure_dynamo() -> None:
 
 def _run_flex(q: Tensor, k: Tensor, v: Tensor, block_mask: Any, scale: float | None) -> Tensor:
     kwargs = {"block_mask": block_mask, "scale": scale, "enable_gqa": k.shape[1] != q.shape[1]}
+    key = (tuple(q.shape), tuple(k.shape), q.dtype, block_mask.BLOCK_SIZE)
+    if key in _static:
+        out: Tensor = _static[key](q, k, v, **kwargs)
+        return out
     try:
-        out: Tensor = _flex()(q, k, v, **kwargs)
+        out = _flex()(q, k, v, **kwargs)
         return out
     except Exception as exc:
         from torch._inductor.exc import InductorError
@@ -65,7 +69,6 @@ def _run_flex(q: Tensor, k: Tensor, v: Tensor, block_mask: Any, scale: float | N
             raise
         # torch 2.13's CPU flex template sometimes emits invalid C++ when it re-specialises the
         # dynamic graph (undeclared ``cur_kvSplitSize4``); a static compile of the same shape works.
-        key = (tuple(q.shape), tuple(k.shape), q.dtype, block_mask.BLOCK_SIZE)
         logger.warning("dynamic flex compile failed for %s; compiling this shape statically", key)
         if key not in _static:
             from torch.nn.attention.flex_attention import flex_attention
@@ -116,5 +119,6 @@ def flex_pbs_attention(
     """Block-sparse causal attention for ``plan`` on CPU via compiled flex_attention."""
     k_perm, v_perm = permute_kv(k, v, plan.perm)
     work = torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
-    out = _run_flex(q.to(work), k_perm.to(work), v_perm.to(work), build_block_mask(plan), scale)
+    # Contiguous q: the dynamic-shape CPU template miscompiles for strided inputs (e.g. HF's transposed views).
+    out = _run_flex(q.to(work).contiguous(), k_perm.to(work), v_perm.to(work), build_block_mask(plan), scale)
     return out.to(q.dtype)
