@@ -1,0 +1,274 @@
+"""The safeguard's truncated forward with its own slot KV cache: every active stream in one batch.
+
+Why not ``model(..., past_key_values=...)``: HF caches are per batch; streams join and leave at any
+step and have different lengths, so batching them through HF means re-padding and copying every
+cache each step. Here each stream owns a *slot* of a preallocated per-layer cache
+(slots x kv_heads x max_len x head_dim) and a step runs the decoder layers 0..L once for all
+streams, with ragged new-token counts handled by an explicit attention mask:
+
+    slot b, query q (absolute position len_b + q) may attend key j  iff  j <= len_b + q
+    padded queries (q >= n_b) attend only key 0 and their outputs are discarded
+
+Only layers <= L run (the monitor reads the residual stream after layer L, "resid_post"), and no
+final norm / LM head is computed. The decoder layers' own weights are used (after merging a LoRA
+adapter into them), so this is the same network as the HF module; a test checks it against HF's
+hidden states. Supported: Llama-family decoders (Llama, SmolLM, Mistral, Qwen2, Qwen3 with q/k
+norms). Other architectures (Gemma2's soft-capping and sliding windows) go through
+:class:`HFRunner`, which is exact but steps streams one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def load_guard_model(
+    base: str | Path, adapter: str | Path | None = None, dtype: str = "float32", device: str = "cpu",
+) -> tuple[Any, Any]:
+    """Load the monitored model (base folder + optional LoRA adapter merged in) and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tdt = getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=tdt)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    model = model.to(device).eval()
+    tok = AutoTokenizer.from_pretrained(str(base))
+    return model, tok
+
+
+def decoder_layers(model: Any) -> Any:
+    inner = getattr(model, "model", model)
+    if not hasattr(inner, "layers"):
+        raise ValueError(f"{type(model).__name__} has no .model.layers; not a decoder-only HF model")
+    return inner.layers
+
+
+@dataclass
+class _Slot:
+    length: int = 0
+    active: bool = False
+
+
+class SlotRunner:
+    """Batched incremental forward of decoder layers 0..layer for many streams (Llama family)."""
+
+    def __init__(self, model: Any, layer: int, max_slots: int = 16, max_len: int = 4096,
+                 init_len: int = 256) -> None:
+        import torch
+
+        cfg = model.config
+        mt = str(getattr(cfg, "model_type", ""))
+        if mt not in _LLAMA_FAMILY:
+            raise ValueError(f"SlotRunner supports {_LLAMA_FAMILY}; got model_type '{mt}'. Use HFRunner.")
+        n_layers = int(cfg.num_hidden_layers)
+        if not 0 <= layer < n_layers:
+            raise ValueError(f"layer {layer} outside 0..{n_layers - 1}")
+        self.model = model
+        self.layer = layer
+        inner = model.model
+        self.embed = inner.embed_tokens
+        self.rotary = inner.rotary_emb
+        self.layers = list(inner.layers[: layer + 1])
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(cfg.num_key_value_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.d_model = int(cfg.hidden_size)
+        p = next(model.parameters())
+        self.dtype, self.device = p.dtype, p.device
+        self.max_slots, self.max_len = max_slots, max_len
+        self._cap = min(init_len, max_len)
+        shape = (max_slots, self.n_kv, self._cap, self.head_dim)
+        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        self.slots = [_Slot() for _ in range(max_slots)]
+
+    # -- slot management --------------------------------------------------------------------------
+    def alloc(self) -> int:
+        for i, s in enumerate(self.slots):
+            if not s.active:
+                s.active, s.length = True, 0
+                return i
+        raise RuntimeError(f"all {self.max_slots} guard slots are busy")
+
+    def free(self, slot: int) -> None:
+        self.slots[slot] = _Slot()
+
+    def length(self, slot: int) -> int:
+        return self.slots[slot].length
+
+    @property
+    def n_active(self) -> int:
+        return sum(s.active for s in self.slots)
+
+    def _grow(self, need: int) -> None:
+        import torch
+
+        if need <= self._cap:
+            return
+        if need > self.max_len:
+            raise ValueError(f"guard context {need} exceeds max_len {self.max_len}")
+        cap = min(self.max_len, max(need, 2 * self._cap))
+        for lst in (self.k, self.v):
+            for i, t in enumerate(lst):
+                nt = torch.zeros((*t.shape[:2], cap, t.shape[3]), dtype=t.dtype, device=t.device)
+                nt[:, :, : self._cap] = t
+                lst[i] = nt
+        self._cap = cap
+
+    # -- the forward ------------------------------------------------------------------------------
+    def step(self, batch: Sequence[tuple[int, Sequence[int]]]) -> list[Any]:
+        """Feed new tokens to several slots at once; returns per slot the (n_new, d_model) residual
+        after layer ``self.layer`` (float32, CPU)."""
+        import torch
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        batch = [(s, list(ids)) for s, ids in batch if len(ids)]
+        if not batch:
+            return []
+        B = len(batch)
+        ns = [len(ids) for _, ids in batch]
+        Q = max(ns)
+        lens = [self.slots[s].length for s, _ in batch]
+        T = max(ln + n for ln, n in zip(lens, ns, strict=True))
+        self._grow(T)
+        dev = self.device
+        ids = torch.zeros((B, Q), dtype=torch.long, device=dev)
+        pos = torch.zeros((B, Q), dtype=torch.long, device=dev)
+        for b, ((_, tok), ln) in enumerate(zip(batch, lens, strict=True)):
+            ids[b, : len(tok)] = torch.tensor(tok, dtype=torch.long)
+            pos[b] = torch.arange(ln, ln + Q)
+        qpos = pos[:, :, None]                                   # (B, Q, 1)
+        kidx = torch.arange(T, device=dev)[None, None, :]        # (1, 1, T)
+        mask = kidx <= qpos
+        nvec = torch.tensor(ns, device=dev)[:, None, None]
+        qi = torch.arange(Q, device=dev)[None, :, None]
+        pad = qi >= nvec
+        mask = torch.where(pad, kidx == 0, mask)[:, None]         # (B, 1, Q, T)
+        slots = [s for s, _ in batch]
+        contiguous = slots == list(range(slots[0], slots[0] + B))
+        sl_idx = torch.tensor(slots, device=dev)
+        with torch.inference_mode():
+            x = self.embed(ids)
+            cos, sin = self.rotary(x, pos)
+            for li, layer in enumerate(self.layers):
+                attn = layer.self_attn
+                h = layer.input_layernorm(x)
+                q = attn.q_proj(h).view(B, Q, self.n_heads, self.head_dim)
+                k = attn.k_proj(h).view(B, Q, self.n_kv, self.head_dim)
+                v = attn.v_proj(h).view(B, Q, self.n_kv, self.head_dim)
+                if hasattr(attn, "q_norm"):
+                    q, k = attn.q_norm(q), attn.k_norm(k)
+                q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+                q, k = apply_rotary_pos_emb(q, k, cos, sin)
+                Kc, Vc = self.k[li], self.v[li]
+                for b, (s, n, ln) in enumerate(zip(slots, ns, lens, strict=True)):
+                    Kc[s, :, ln:ln + n] = k[b, :, :n]
+                    Vc[s, :, ln:ln + n] = v[b, :, :n]
+                if contiguous:
+                    Ka, Va = Kc[slots[0]:slots[0] + B, :, :T], Vc[slots[0]:slots[0] + B, :, :T]
+                else:
+                    Ka, Va = Kc[sl_idx, :, :T], Vc[sl_idx, :, :T]
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    q, Ka, Va, attn_mask=mask, scale=attn.scaling, enable_gqa=self.n_kv != self.n_heads,
+                )
+                o = o.transpose(1, 2).reshape(B, Q, self.n_heads * self.head_dim)
+                x = x + attn.o_proj(o)
+                x = x + layer.mlp(layer.post_attention_layernorm(x))
+        for (s, _), n in zip(batch, ns, strict=True):
+            self.slots[s].length += n
+        xf = x.float().cpu()
+        return [xf[b, :n] for b, n in enumerate(ns)]
+
+
+class HFRunner:
+    """Exact fallback for any HF decoder: per-stream HF cache, a hook on layer L, one stream at a time."""
+
+    def __init__(self, model: Any, layer: int, max_slots: int = 16, max_len: int = 4096) -> None:
+        layers = decoder_layers(model)
+        if not 0 <= layer < len(layers):
+            raise ValueError(f"layer {layer} outside 0..{len(layers) - 1}")
+        import torch
+
+        # Truncate to layers 0..L so the cost matches the monitor's (the output after L is all we read).
+        inner = getattr(model, "model", model)
+        inner.layers = torch.nn.ModuleList(list(layers)[: layer + 1])
+        model.config.num_hidden_layers = layer + 1
+        layers = inner.layers
+        self.model, self.layer = model, layer
+        self.max_slots, self.max_len = max_slots, max_len
+        self._caps: dict[int, Any] = {}
+        self._lens: dict[int, int] = {}
+        self._out: Any = None
+
+        def hook(_m: Any, _i: Any, out: Any) -> None:
+            self._out = out[0] if isinstance(out, tuple) else out
+
+        layers[layer].register_forward_hook(hook)
+
+    def alloc(self) -> int:
+        for i in range(self.max_slots):
+            if i not in self._lens:
+                self._lens[i] = 0
+                self._caps[i] = None
+                return i
+        raise RuntimeError(f"all {self.max_slots} guard slots are busy")
+
+    def free(self, slot: int) -> None:
+        self._lens.pop(slot, None)
+        self._caps.pop(slot, None)
+
+    def length(self, slot: int) -> int:
+        return self._lens[slot]
+
+    @property
+    def n_active(self) -> int:
+        return len(self._lens)
+
+    def step(self, batch: Sequence[tuple[int, Sequence[int]]]) -> list[Any]:
+        import torch
+
+        outs = []
+        with torch.inference_mode():
+            for s, ids in batch:
+                if not len(ids):
+                    continue
+                t = torch.tensor([list(ids)], dtype=torch.long)
+                r = self.model(input_ids=t, past_key_values=self._caps[s], use_cache=True)
+                self._caps[s] = r.past_key_values
+                self._lens[s] += len(ids)
+                outs.append(self._out[0].float().cpu())
+        return outs
+
+
+def make_runner(model: Any, layer: int, max_slots: int = 16, max_len: int = 4096) -> SlotRunner | HFRunner:
+    if str(getattr(model.config, "model_type", "")) in _LLAMA_FAMILY:
+        return SlotRunner(model, layer, max_slots=max_slots, max_len=max_len)
+    return HFRunner(model, layer, max_slots=max_slots, max_len=max_len)
+
+
+def collect_residuals(
+    runner: SlotRunner | HFRunner, token_lists: Sequence[Sequence[int]], batch_size: int = 16,
+) -> list[Any]:
+    """Offline: residual after layer L for whole sequences (batched prefill through the same runner)."""
+    out: list[Any] = [None] * len(token_lists)
+    order = sorted(range(len(token_lists)), key=lambda i: len(token_lists[i]))
+    for i in range(0, len(order), batch_size):
+        idx = order[i:i + batch_size]
+        slots = [runner.alloc() for _ in idx]
+        try:
+            res = runner.step([(s, token_lists[j]) for s, j in zip(slots, idx, strict=True)])
+            for j, r in zip(idx, res, strict=True):
+                out[j] = r
+        finally:
+            for s in slots:
+                runner.free(s)
+    return out
