@@ -171,6 +171,8 @@ async def choice_stream(
             except StopAsyncIteration:
                 break
             except TimeoutError:
+                if stats is not None:
+                    stats.error = kind      # counted as gateway_errors_total{stage=<kind>}
                 raise _timeout_error(kind, limits.total_s if kind == "request_timeout" else gap_s) from None
             first = False
             if isinstance(item, SafetyCut):

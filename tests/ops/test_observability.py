@@ -144,3 +144,38 @@ def test_multiprocess_mode_sums_workers(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", "from gateway import metrics; print(metrics.render()[0].decode())"],
                          env=env, check=True, cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
     assert "gateway_in_flight_requests 0.0" in out
+
+
+async def test_timeout_is_counted_when_stats_are_passed() -> None:
+    from gateway.errors import OpenAIError
+    from gateway.serving.common import STREAM_TIMEOUTS, StreamTimeouts
+
+    engine = ScriptedEngine(delay=0.3)
+    stats = StreamStats(route="chat", model="m-timeout")
+    tok = STREAM_TIMEOUTS.set(StreamTimeouts(first_token_s=0.05))
+    try:
+        try:
+            await _drain(choice_stream(engine, None, GuardPolicy(enabled=False), [1], "hi", SamplingOptions(), "r-t",
+                                       stats))
+        except OpenAIError as e:
+            assert e.status == 504 and e.code == "first_token_timeout"
+        else:
+            raise AssertionError("no timeout")
+    finally:
+        STREAM_TIMEOUTS.reset(tok)
+    assert stats.error == "first_token_timeout" and engine.num_running() == 0
+    before = metrics.ERRORS.labels("first_token_timeout")._value.get()
+    metrics.record(stats)
+    assert metrics.ERRORS.labels("first_token_timeout")._value.get() == before + 1
+
+
+def test_bench_load_cli_arguments() -> None:
+    import argparse
+
+    from gateway.ops_cli import add_bench_subcommands
+
+    p = argparse.ArgumentParser()
+    add_bench_subcommands(p.add_subparsers(dest="bench", required=True))
+    args = p.parse_args(["load", "--url", "http://127.0.0.1:1", "--concurrency", "8", "--duration", "2", "--storm", "0"])
+    assert (args.url, args.concurrency, args.duration, args.storm, args.max_tokens) == ("http://127.0.0.1:1", 8, 2.0, 0, 32)
+    assert callable(args.func)
