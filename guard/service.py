@@ -180,20 +180,20 @@ class GuardEngine:
             batch = [(s, [t for j in merged[s] for t in j.ids]) for s in order]
             try:
                 outs = await loop.run_in_executor(self._pool, self.runner.step, batch)
+                self.steps += 1
+                self.batched_rows += len(batch)
+                for s, out in zip(order, outs, strict=True):
+                    k = 0
+                    for j in merged[s]:
+                        if not j.fut.done():
+                            j.fut.set_result(out[k:k + len(j.ids)])
+                        k += len(j.ids)
             except Exception as e:
+                # every waiting stream gets the error and applies its policy; the loop itself lives on
                 for s in order:
                     for j in merged[s]:
                         if not j.fut.done():
-                            j.fut.set_exception(GuardError(str(e)))
-                continue
-            self.steps += 1
-            self.batched_rows += len(batch)
-            for s, out in zip(order, outs, strict=True):
-                k = 0
-                for j in merged[s]:
-                    if not j.fut.done():
-                        j.fut.set_result(out[k:k + len(j.ids)])
-                    k += len(j.ids)
+                            j.fut.set_exception(GuardError(f"{type(e).__name__}: {e}"))
 
     async def close(self) -> None:
         if self._task is not None:
@@ -222,6 +222,8 @@ class _StreamState:
     released_tokens: int = 0
     scored_char_end: int = 0           # response characters covered by scored guard tokens
     scored_ends: list[int] = field(default_factory=list)    # char end of each scored guard token
+    scored_g: list[float] = field(default_factory=list)     # aggregated score g of each scored guard token
+    released_chars: int = 0
 
 
 class NextGuard:
@@ -310,6 +312,27 @@ class NextGuard:
         log.exception("guard error (%s gate), failing closed", which, exc_info=err)
         return SafetyCut(category="guard_error", score=0.0, threshold=0.0, token_offset=token_offset, gate=which,
                          decision="guard_error")
+
+    def threshold(self, gate: str, policy: GuardPolicy) -> float:
+        """The threshold in force for ``gate`` ("prompt" | "response") under ``policy``."""
+        if gate not in ("prompt", "response"):
+            raise ValueError(f"Unknown gate '{gate}'. Available: prompt, response")
+        return float(self._gate(gate, policy).threshold)
+
+    def describe_features(self) -> dict[str, Any]:
+        """Selected SAE latents per gate and category with their weights s_j and the calibrated thresholds."""
+        th = self.spec.thresholds
+        out: dict[str, Any] = {"mode": th.mode, "monitored": self.spec.name}
+        for gate, gf in self.spec.gates.items():
+            cat_thr = th.prompt_categories if gate == "prompt" else th.response_categories
+            out[gate] = {
+                "threshold": th.prompt if gate == "prompt" else th.response,
+                "overall": [{"id": i, "weight": w} for i, w in zip(gf.overall.ids, gf.overall.weights, strict=True)],
+                "categories": {c: {"threshold": cat_thr.get(c),
+                                   "features": [{"id": i, "weight": w} for i, w in zip(fs.ids, fs.weights, strict=True)]}
+                               for c, fs in gf.categories.items()},
+            }
+        return out
 
     # -- whole texts (prompt gate, score endpoint, moderation) --------------------------------------
     async def _score_text(self, prompt: str, response: str | None, gate: GateScorer) -> dict[str, Any]:
@@ -480,6 +503,7 @@ class NextGuard:
             else:
                 # same tokenizer: one guard token per generator token, in order
                 st.scored_ends.append(len(st.scored_ends) + 1)
+            st.scored_g.append(g if np.isfinite(g) else min(c, st.gate.threshold))
         return None
 
     def _releasable(self, st: _StreamState, hold: int, final: bool) -> list[TokenDelta]:
@@ -499,6 +523,24 @@ class NextGuard:
                     if k is None or len(ends) - 1 < k + (hold - 1):
                         break
             st.pending.pop(0)
+            p.delta.scores = self._delta_scores(st, p)
             st.released_tokens += p.n_tokens
+            st.released_chars = p.char_end
             out.append(p.delta)
         return out
+
+    @staticmethod
+    def _delta_scores(st: _StreamState, p: _Pending) -> list[float]:
+        """Scores for the generator tokens of a released delta. Same tokenizer: exact, one per token.
+        Re-tokenised: guard tokens do not align with generator tokens, so every token of the delta gets
+        the highest score of the guard tokens ending inside the delta (or of the one spanning it)."""
+        if p.n_tokens == 0:
+            return []
+        if st.retok is None:
+            a = st.released_tokens
+            return [float(x) for x in st.scored_g[a:a + p.n_tokens]]
+        gs = [g for e, g in zip(st.scored_ends, st.scored_g, strict=True) if st.released_chars < e <= p.char_end]
+        if not gs:
+            nxt = next((g for e, g in zip(st.scored_ends, st.scored_g, strict=True) if e > p.char_end), None)
+            gs = [nxt] if nxt is not None else [float(st.gate.threshold)]
+        return [float(max(gs))] * p.n_tokens

@@ -74,6 +74,14 @@ async def test_benign_stream_passes_whole(tok, tmp_path):
     out = await _collect(g, ds)
     assert out == ds
     assert out[-1].finish_reason == "stop"
+    # released deltas carry one score per generator token, all below the threshold here
+    thr = g.threshold("response", GuardPolicy())
+    assert all(d.scores is not None and len(d.scores) == len(d.token_ids) for d in out)
+    assert max(x for d in out for x in d.scores) <= thr
+    assert g.threshold("response", GuardPolicy(response_threshold=0.7)) == 0.7
+    feats = g.describe_features()
+    assert feats["response"]["overall"][0] == {"id": 7, "weight": 1.0}
+    assert "violence" in feats["prompt"]["categories"]
 
 
 @pytest.mark.parametrize("hold", [1, 3])
@@ -115,6 +123,7 @@ async def test_same_tokenizer_uses_ids(tok, tmp_path):
     all_ids = [t for d in ds for t in d.token_ids]
     assert cut.token_offset == all_ids.index(bad)
     assert sum(len(d.token_ids) for d in out[:-1]) == cut.token_offset
+    assert all(len(d.scores) == len(d.token_ids) for d in out[:-1])
 
 
 async def test_different_generator_tokenizer_is_retokenised(tok, tmp_path):
