@@ -250,19 +250,25 @@ class OwnerStore:
         pipe.expire(key, self.ttl_s)
         await pipe.execute()
 
+    @staticmethod
+    def _unrestricted(principal: Principal) -> bool:
+        # The operator key sees everything; without auth (no key at all) the deployment is single-tenant.
+        return principal.admin or principal.key_id is None
+
     async def owns(self, kind: str, rid: str, principal: Principal) -> bool:
-        if principal.admin:
+        if self._unrestricted(principal):
             return True
         return bool(await self.redis.sismember(self._key(kind, rid), principal.tenant))
 
-    async def check(self, kind: str, rid: str, principal: Principal) -> None:
-        """Raise the same 404 an unknown id gets when ``principal`` does not own the resource."""
+    async def check(self, kind: str, rid: str, principal: Principal, not_found: OpenAIError | None = None) -> None:
+        """Raise ``not_found`` (pass the route's own unknown-id error, so both read the same) when
+        ``principal`` does not own the resource."""
         if not await self.owns(kind, rid, principal):
-            raise OpenAIError(404, f"No {kind} found with id '{rid}'.", param=f"{kind}_id", code="not_found")
+            raise not_found or OpenAIError(404, f"No {kind} found with id '{rid}'.", param=f"{kind}_id", code="not_found")
 
     async def visible(self, kind: str, ids: list[str], principal: Principal) -> list[str]:
         """Filter a listing down to what the caller owns (order kept)."""
-        if principal.admin or not ids:
+        if self._unrestricted(principal) or not ids:
             return ids
         pipe = self.redis.pipeline(transaction=False)
         for rid in ids:

@@ -228,7 +228,7 @@ class OpsMiddleware:
         rt = self.rt
         path: str = scope["path"]
         method: str = scope["method"]
-        public = path in rt.ops.auth.public_paths or path.startswith("/docs")
+        public = any(path == p or (p.endswith("/") and path.startswith(p)) for p in rt.ops.auth.public_paths)
         loop = asyncio.get_running_loop()
         arrived = loop.time()
 

@@ -35,8 +35,9 @@ class AuthSettings(BaseModel):
         description="With Redis down, keep accepting keys that were valid this recently (streaming keeps serving).",
     )
     public_paths: tuple[str, ...] = Field(
-        default=("/health", "/ready", "/metrics", "/docs", "/openapi.json", "/redoc"),
-        description="Paths that never need a key (probes, scrape, schema).",
+        default=("/health", "/ready", "/metrics", "/docs", "/docs/", "/openapi.json", "/redoc", "/playground/"),
+        description="Paths that never need a key (probes, scrape, schema, the playground page; its API calls "
+        "still do). An entry ending in '/' also covers everything below it.",
     )
 
 

@@ -158,9 +158,11 @@ async def test_other_tenants_job_is_refused(tmp_path: Path, redis_url: str, pref
         assert_openai_error(await b.get("/v1/test-runs/run-1", headers={"Authorization": ""}), 401)
 
     owners = OwnerStore(rt.redis, prefix)
-    a_p, b_p = Principal("tenant-a", None), Principal("tenant-b", None)
+    a_p, b_p = Principal("tenant-a", "key_a"), Principal("tenant-b", "key_b")
     assert await owners.visible("run", ["run-1", "run-2"], a_p) == ["run-1"]
     assert await owners.visible("run", ["run-1", "run-2"], b_p) == []
+    # without auth there is one tenant and nothing to hide
+    assert await owners.visible("run", ["run-1", "run-2"], Principal("default", None)) == ["run-1", "run-2"]
 
 
 def test_keys_cli(redis_url: str, prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
