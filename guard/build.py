@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 DEFAULT_ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 VERDICT_SUFFIX = "\nVerdict:"
 VERDICT_WORDS = (" safe", " unsafe")
+_RESPONSE_PROMPT = "\nAssistant:"
 
 
 @dataclass
@@ -136,8 +137,11 @@ def generate_benign_answers(model: Any, tok: Any, prompts: Sequence[D.Sample], c
     bs = 16
     for i in range(0, len(prompts), bs):
         chunk = prompts[i:i + bs]
-        texts = [tok.apply_chat_template([{"role": "user", "content": s.prompt}], tokenize=False,
-                                         add_generation_prompt=True) for s in chunk]
+        if getattr(tok, "chat_template", None):
+            texts = [tok.apply_chat_template([{"role": "user", "content": s.prompt}], tokenize=False,
+                                             add_generation_prompt=True) for s in chunk]
+        else:       # a tokenizer without a chat template (small test models): the plain format
+            texts = [format_sample(s.prompt).text + _RESPONSE_PROMPT for s in chunk]
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.inference_mode():
             gen = model.generate(**enc, max_new_tokens=cfg.gen_max_new_tokens, do_sample=True, temperature=0.7,
@@ -462,9 +466,14 @@ def _file_sha(path: Path) -> str:
 
 def build(
     out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None = None, preset: str = "cpu",
-    overrides: dict[str, Any] | None = None,
+    overrides: dict[str, Any] | None = None, sae_source: str | None = None,
 ) -> dict[str, Any]:
-    """Run the recipe and write the artifacts; returns the provenance dict (also written to disk)."""
+    """Run the recipe and write the artifacts; returns the provenance dict (also written to disk).
+
+    ``sae_source`` (see :func:`guard.production.load_sae_source`) replaces SAE training with a
+    pretrained SAE; ``lora_steps=0`` skips the LoRA safeguard and monitors the given model as it is
+    (a pretrained guard such as Qwen3Guard-Gen-8B), under the monitor name "base".
+    """
     import torch
 
     from guard.runner import load_guard_model, make_runner
@@ -473,6 +482,8 @@ def build(
     if preset not in PRESETS:
         raise KeyError(f"Unknown preset '{preset}'. Available: {', '.join(PRESETS)}")
     cfg = replace(PRESETS[preset], **(overrides or {}))
+    if cfg.lora_steps == 0:
+        cfg = replace(cfg, monitored=("base",))
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
@@ -502,35 +513,46 @@ def build(
     timings["data"] = time.time() - t
     log.info("data: select %d calib %d test %d", len(bd.select), len(bd.calib), len(bd.test))
 
-    # 2. SAE on the base model
-    t = time.time()
+    # 2. SAE on the base model (or a pretrained one)
     runner = make_runner(base, cfg.layer, max_slots=16, max_len=8192)
-    corpus = D.corpus_texts()
-    texts = [x for v in corpus.values() for x in v]
-    texts += [format_sample(s.prompt, s.response).text for s in bd.select + bd.calib]
-    acts = sae_training_activations(runner, tok, texts, cfg)
-    timings["sae_activations"] = time.time() - t
-    t = time.time()
-    sae, sae_m = train_sae(acts, base.config.hidden_size, cfg)
-    timings["sae_train"] = time.time() - t
-    del acts
-    save_sae(sae, out / "sae")
-    _shrink_sae(out / "sae")
+    if sae_source is None:
+        t = time.time()
+        corpus = D.corpus_texts()
+        texts = [x for v in corpus.values() for x in v]
+        texts += [format_sample(s.prompt, s.response).text for s in bd.select + bd.calib]
+        acts = sae_training_activations(runner, tok, texts, cfg)
+        timings["sae_activations"] = time.time() - t
+        t = time.time()
+        sae, sae_m = train_sae(acts, base.config.hidden_size, cfg)
+        timings["sae_train"] = time.time() - t
+        del acts
+        save_sae(sae, out / "sae")
+        _shrink_sae(out / "sae")
+    else:
+        from guard.production import load_sae_source
+
+        sae = load_sae_source(sae_source)
+        if sae.cfg.d_in != base.config.hidden_size:
+            raise ValueError(f"SAE d_in {sae.cfg.d_in} != model hidden size {base.config.hidden_size}")
+        sae_m = {"source": sae_source, "d_sae": int(sae.cfg.d_sae), "architecture_saved": sae.cfg.architecture()}
 
     # 3. LoRA safeguard
-    t = time.time()
-    import copy
+    merged = None
+    lora_m: dict[str, Any] = {"skipped": True}
+    if cfg.lora_steps > 0:
+        t = time.time()
+        import copy
 
-    lora_model, lora_m = train_lora(copy.deepcopy(base), tok, bd.select, cfg)
-    lora_model.save_pretrained(str(out / "lora"))
-    merged = lora_model.merge_and_unload().eval()
-    timings["lora"] = time.time() - t
-    cal_v = verdict_scores(merged, tok, bd.calib, cfg.lora_max_len)
-    ycal = np.array([s.label for s in bd.calib])
-    lora_m["posthoc_calibration"] = {
-        g: asdict(best_f1_threshold(cal_v[[s.gate == g for s in bd.calib]], ycal[[s.gate == g for s in bd.calib]]))
-        for g in ("prompt", "response")
-    }
+        lora_model, lora_m = train_lora(copy.deepcopy(base), tok, bd.select, cfg)
+        lora_model.save_pretrained(str(out / "lora"))
+        merged = lora_model.merge_and_unload().eval()
+        timings["lora"] = time.time() - t
+        cal_v = verdict_scores(merged, tok, bd.calib, cfg.lora_max_len)
+        ycal = np.array([s.label for s in bd.calib])
+        lora_m["posthoc_calibration"] = {
+            g: asdict(best_f1_threshold(cal_v[[s.gate == g for s in bd.calib]], ycal[[s.gate == g for s in bd.calib]]))
+            for g in ("prompt", "response")
+        }
 
     # 4. selection + calibration per monitored model
     monitors: dict[str, Any] = {}
@@ -565,7 +587,8 @@ def build(
     (out / "provenance.json").write_text(json.dumps(prov, indent=1, default=str))
     from guard.bundle import write_manifest
 
-    write_manifest(out, "embedded" if embedded else str(base_model), "lora", cfg.layer, list(cfg.monitored))
+    write_manifest(out, "embedded" if embedded else str(base_model), "lora" if merged is not None else None,
+                   cfg.layer, list(cfg.monitored))
     return prov
 
 

@@ -24,7 +24,8 @@ def _parse_overrides(items: list[str] | None) -> dict[str, Any]:
 def _build(args: argparse.Namespace) -> int:
     from guard.build import build
 
-    prov = build(args.out, base_model=args.base_model, preset=args.preset, overrides=_parse_overrides(args.set))
+    prov = build(args.out, base_model=args.base_model, preset=args.preset, overrides=_parse_overrides(args.set),
+                 sae_source=args.sae)
     summary = {"sae": prov["sae"], "lora": {k: v for k, v in prov["lora"].items() if k != "verdict_token_ids"},
                "timings_s": prov["timings_s"]}
     sys.stdout.write(json.dumps(summary, default=str) + "\n")
@@ -57,6 +58,8 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     b.add_argument("--base-model", default=None, help="HF folder (default: the embedded SmolLM2)")
     b.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
     b.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a BuildConfig field")
+    b.add_argument("--sae", default=None, help="pretrained SAE instead of training one: dictionary_learning:<dir>, "
+                   "sae_lens:<dir or release@id>, or a production name (guard.production)")
     b.set_defaults(func=_build)
     e = gs.add_parser("eval", help="sample-level F1, streaming timeliness, baselines; JSON + PNG report")
     e.add_argument("--artifacts", default=str(DEFAULT_ARTIFACTS))
