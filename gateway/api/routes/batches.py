@@ -1,0 +1,117 @@
+"""OpenAI Batch API: ``/v1/files`` (purpose=batch) and ``/v1/batches``. Lines are executed by the
+suite workers, which POST each one to this gateway's public API so it takes the guarded path
+(see ``offline_suites.batch``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, File, Form, Query, Request, UploadFile
+from fastapi.responses import FileResponse
+from pydantic import BaseModel, Field
+
+from gateway.api.routes.suites import redis_client, suite_settings
+from gateway.errors import OpenAIError
+from offline_suites import batch as B
+
+router = APIRouter()
+
+
+class BatchRequest(BaseModel):
+    input_file_id: str
+    endpoint: str
+    completion_window: str = "24h"
+    metadata: dict[str, str] | None = Field(default=None)
+
+
+@router.post("/v1/files")
+async def files_create(request: Request, file: UploadFile = File(...), purpose: str = Form(...)) -> dict[str, Any]:
+    """Upload a JSONL batch input file."""
+    if purpose != "batch":
+        raise OpenAIError(400, f"Unsupported purpose {purpose!r}: this server accepts only purpose='batch'.",
+                          param="purpose", code="invalid_purpose")
+    data = await file.read()
+    s = suite_settings(request)
+    try:
+        B.parse_batch_file(data, _first_url(data), s.max_batch_lines)
+    except B.BatchInputError as e:
+        raise OpenAIError(400, f"Invalid batch file: {e}", param="file", code="invalid_file") from e
+    except UnicodeDecodeError as e:
+        raise OpenAIError(400, "Invalid batch file: not UTF-8", param="file", code="invalid_file") from e
+    return await B.store_file(redis_client(request), s, data, file.filename or "batch.jsonl", purpose)
+
+
+def _first_url(data: bytes) -> str:
+    import json
+
+    for raw in data.decode("utf-8").splitlines():
+        if raw.strip():
+            try:
+                url = json.loads(raw).get("url")
+            except (json.JSONDecodeError, AttributeError):
+                return ""
+            return url if url in B.ENDPOINTS else ""
+    return ""
+
+
+async def _file(request: Request, file_id: str) -> dict[str, Any]:
+    f = await B.get_file(redis_client(request), suite_settings(request), file_id)
+    if f is None:
+        raise OpenAIError(404, f"No such File object: {file_id}", param="file_id", code="file_not_found")
+    return f
+
+
+@router.get("/v1/files/{file_id}")
+async def files_get(file_id: str, request: Request) -> dict[str, Any]:
+    """File metadata."""
+    return await _file(request, file_id)
+
+
+@router.get("/v1/files/{file_id}/content")
+async def files_content(file_id: str, request: Request) -> FileResponse:
+    """File bytes (batch input, output or error JSONL)."""
+    await _file(request, file_id)
+    return FileResponse(B.file_path(suite_settings(request), file_id), media_type="application/jsonl")
+
+
+@router.post("/v1/batches")
+async def batches_create(body: BatchRequest, request: Request) -> dict[str, Any]:
+    """Create a batch from an uploaded file; it starts in ``validating``."""
+    if body.endpoint not in B.ENDPOINTS:
+        raise OpenAIError(400, f"Unsupported endpoint {body.endpoint!r}. Available: {', '.join(B.ENDPOINTS)}",
+                          param="endpoint", code="invalid_endpoint")
+    if body.completion_window != "24h":
+        raise OpenAIError(400, "completion_window must be '24h'", param="completion_window")
+    f = await _file(request, body.input_file_id)
+    if f["purpose"] != "batch":
+        raise OpenAIError(400, f"File {body.input_file_id} has purpose {f['purpose']!r}, not 'batch'",
+                          param="input_file_id")
+    return await B.create_batch(redis_client(request), suite_settings(request), body.input_file_id, body.endpoint,
+                                body.completion_window, body.metadata)
+
+
+@router.get("/v1/batches")
+async def batches_list(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None) -> dict[str, Any]:
+    """Batches, newest first."""
+    items = await B.list_batches(redis_client(request), suite_settings(request), limit + 1, after)
+    data = items[:limit]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(items) > limit}
+
+
+@router.get("/v1/batches/{batch_id}")
+async def batches_get(batch_id: str, request: Request) -> dict[str, Any]:
+    """One batch: status, request counts, output/error file ids."""
+    b = await B.get_batch(redis_client(request), suite_settings(request), batch_id)
+    if b is None:
+        raise OpenAIError(404, f"No such batch: {batch_id}", param="batch_id", code="batch_not_found")
+    return b
+
+
+@router.post("/v1/batches/{batch_id}/cancel")
+async def batches_cancel(batch_id: str, request: Request) -> dict[str, Any]:
+    """Request cancellation; in-flight lines finish, the rest are skipped."""
+    b = await B.cancel_batch(redis_client(request), suite_settings(request), batch_id)
+    if b is None:
+        raise OpenAIError(404, f"No such batch: {batch_id}", param="batch_id", code="batch_not_found")
+    return b

@@ -1,0 +1,120 @@
+"""Offline evaluation suites and their runs (``/v1/suites``, ``/v1/runs``). Thin: logic lives in
+``offline_suites.jobs``; runs execute on ``nextguard worker`` processes through Redis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse, JSONResponse
+from pydantic import BaseModel, Field
+
+from gateway.errors import OpenAIError
+from offline_suites.base import ConfigError
+from offline_suites.config import SuiteSettings
+from offline_suites.jobs import RunNotFound, RunStore, cancel_run, public_view, submit_run
+from offline_suites.keys import Keys
+from offline_suites.registry import UnknownSuiteError, get_suite, list_suites
+
+router = APIRouter()
+
+
+class RunRequest(BaseModel):
+    preset: str = Field("smoke", description="'smoke' (≤ 60 s on 2 cores) or 'full'")
+    config: dict[str, Any] = Field(default_factory=dict, description="overrides of the preset's fields")
+    seed: int = 0
+
+
+def suite_settings(request: Request) -> SuiteSettings:
+    st = request.app.state
+    cached = getattr(st, "suite_settings", None)
+    if cached is None:
+        cached = getattr(getattr(st, "settings", None), "suites", None) or SuiteSettings()
+        st.suite_settings = cached
+    return cached  # type: ignore[no-any-return]
+
+
+def redis_client(request: Request) -> Any:
+    """The app's redis.asyncio client; created lazily from ``settings.redis.url`` if the app has none."""
+    st = request.app.state
+    client = getattr(st, "redis", None)
+    if client is None:
+        import redis.asyncio as aioredis
+
+        url = st.settings.redis.url if getattr(st, "settings", None) is not None else "redis://127.0.0.1:6379/0"
+        client = aioredis.from_url(url)
+        st.redis = client
+    return client
+
+
+async def _store(request: Request) -> RunStore:
+    s = suite_settings(request)
+    return RunStore(redis_client(request), Keys(s.key_prefix), s.keep_runs_s)
+
+
+def _not_found(run_id: str) -> OpenAIError:
+    return OpenAIError(404, f"No run with id {run_id!r}.", param="run_id", code="run_not_found")
+
+
+@router.get("/v1/suites")
+async def suites_list() -> dict[str, Any]:
+    """Registered suites: name, version, presets, description."""
+    return {"object": "list", "data": [{"object": "suite", **s.info()} for s in list_suites()]}
+
+
+@router.post("/v1/suites/{name}/runs")
+async def runs_create(name: str, body: RunRequest, request: Request) -> JSONResponse:
+    """Queue a run (idempotent on suite, version, config and seed); returns the run object."""
+    try:
+        get_suite(name)
+        rec, created = await submit_run(redis_client(request), suite_settings(request), name, body.preset,
+                                        body.config, body.seed)
+    except UnknownSuiteError as e:
+        raise OpenAIError(404, str(e), param="name", code="suite_not_found") from e
+    except ConfigError as e:
+        raise OpenAIError(400, str(e), param="config", code="invalid_config") from e
+    return JSONResponse(public_view(rec), status_code=201 if created else 200)
+
+
+@router.get("/v1/runs")
+async def runs_list(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None) -> dict[str, Any]:
+    """Recent runs, newest first (without result bodies)."""
+    recs = await (await _store(request)).list(limit + 1, after)
+    data = [public_view(r, include_result=False) for r in recs[:limit]]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(recs) > limit}
+
+
+@router.get("/v1/runs/{run_id}")
+async def runs_get(run_id: str, request: Request) -> dict[str, Any]:
+    """Status, progress and (when finished) the SuiteResult of one run."""
+    rec = await (await _store(request)).get(run_id)
+    if rec is None:
+        raise _not_found(run_id)
+    return public_view(rec)
+
+
+@router.get("/v1/runs/{run_id}/artifacts/{filename}")
+async def runs_artifact(run_id: str, filename: str, request: Request) -> FileResponse:
+    """One stored artifact (PNG/JSON) of a run."""
+    rec = await (await _store(request)).get(run_id)
+    if rec is None:
+        raise _not_found(run_id)
+    # only names the run itself recorded: no path traversal, no listing of the results dir
+    if filename not in rec.get("artifacts", []):
+        raise OpenAIError(404, f"Run {run_id} has no artifact {filename!r}. Available: {', '.join(rec.get('artifacts', []))}",
+                          param="filename", code="artifact_not_found")
+    path = suite_settings(request).results_dir / run_id / filename
+    if not path.is_file():
+        raise OpenAIError(404, f"Artifact {filename!r} is recorded but missing on disk", code="artifact_missing")
+    return FileResponse(path)
+
+
+@router.post("/v1/runs/{run_id}/cancel")
+async def runs_cancel(run_id: str, request: Request) -> dict[str, Any]:
+    """Cancel a queued or running run (a running suite stops at its next progress report)."""
+    try:
+        rec = await cancel_run(redis_client(request), suite_settings(request), run_id)
+    except RunNotFound as e:
+        raise _not_found(run_id) from e
+    return public_view(rec)

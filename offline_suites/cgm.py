@@ -1,0 +1,395 @@
+"""cgm: "Calibrating Generative Models" (Smith, Diamant, Trippe; arXiv 2510.10020; code
+smithhenryd/cgm, MIT — reimplemented from the paper's description, no code copied).
+
+C1 (exact): a tiny autoregressive model over V^L sequences (L = 4, V = 6: 1,296 sequences) is
+calibrated to 24 position-token frequency targets with CGM-relax (λ sweep) and CGM-reward (N
+sweep). Every quantity is evaluated *exactly* by enumeration against the max-entropy tilt p*.
+Also the closed form of the paper's 1-D GMM example. C4: a calibration audit of the served model
+(first names in profession stories, classified with gender-guesser), report-only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from offline_suites.base import Check, RunContext, SuiteResult, check_close, check_cmp, set_threads
+from offline_suites.registry import register_suite
+
+PROFESSIONS = ("doctor", "nurse", "engineer", "teacher", "pilot", "secretary", "scientist", "librarian")
+
+
+@dataclass(frozen=True)
+class Config:
+    seq_len: int = 4
+    vocab: int = 6
+    hidden: int = 32
+    base_temperature: float = 0.5     # < 1 sharpens the random base so the targets are a real shift
+    lambdas: tuple[float, ...] = (1.0, 0.1, 0.01, 0.001)
+    reward_ns: tuple[int, ...] = (100, 1000, 10000)
+    epochs: int = 300
+    batch: int = 100
+    lr: float = 1e-2
+    estimator_replicates: int = 2000
+    estimator_batch: int = 10
+    audit_professions: tuple[str, ...] = ("doctor", "nurse")
+    audit_samples: int = 2            # stories per profession from the served model (0 = skip)
+    audit_target: float = 0.5
+    audit_max_tokens: int = 24
+
+    SMOKE: ClassVar[Config]
+    FULL: ClassVar[Config]
+
+
+Config.SMOKE = Config()
+Config.FULL = Config(epochs=1500, lr=5e-3, reward_ns=(100, 1000, 10000, 100000),
+                     lambdas=(1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001), estimator_replicates=20000,
+                     audit_professions=PROFESSIONS, audit_samples=50)
+
+
+# ------------------------------------------------------------------------------------------ model
+def _make_model(cfg: Config, seed: int) -> Any:
+    import torch
+    from torch import nn
+
+    class ARModel(nn.Module):
+        """p(x_t | x_<t) from a one-hot of the (padded) prefix: small enough to enumerate."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.L, self.V = cfg.seq_len, cfg.vocab
+            self.net = nn.Sequential(nn.Linear(cfg.seq_len * (cfg.vocab + 1) + cfg.seq_len, cfg.hidden),
+                                     nn.Tanh(), nn.Linear(cfg.hidden, cfg.vocab))
+            self.temperature = 1.0
+
+        def _inputs(self, x: torch.Tensor, t: int) -> torch.Tensor:
+            n = x.shape[0]
+            pref = torch.full((n, self.L), self.V, dtype=torch.long)   # V = padding symbol
+            pref[:, :t] = x[:, :t]
+            oh = torch.nn.functional.one_hot(pref, self.V + 1).float().reshape(n, -1)
+            pos = torch.nn.functional.one_hot(torch.full((n,), t), self.L).float()
+            return torch.cat([oh, pos], 1)
+
+        def logits(self, x: torch.Tensor, t: int) -> torch.Tensor:
+            return self.net(self._inputs(x, t)) / self.temperature
+
+        def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+            lp = torch.zeros(x.shape[0])
+            for t in range(self.L):
+                lp = lp + torch.log_softmax(self.logits(x, t), -1).gather(1, x[:, t:t + 1]).squeeze(1)
+            return lp
+
+        @torch.no_grad()
+        def sample(self, n: int, gen: torch.Generator) -> torch.Tensor:
+            x = torch.zeros(n, self.L, dtype=torch.long)
+            for t in range(self.L):
+                probs = torch.softmax(self.logits(x, t), -1)
+                x[:, t] = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+            return x
+
+    torch.manual_seed(seed)
+    m = ARModel()
+    m.temperature = cfg.base_temperature
+    return m
+
+
+def _all_sequences(cfg: Config) -> np.ndarray:
+    grids = np.meshgrid(*[np.arange(cfg.vocab)] * cfg.seq_len, indexing="ij")
+    return np.stack([g.reshape(-1) for g in grids], 1)
+
+
+def _features(x: np.ndarray, cfg: Config) -> np.ndarray:
+    """h(x): one indicator per (position, token): m = L·V constraints."""
+    return np.eye(cfg.vocab)[x].reshape(x.shape[0], -1)
+
+
+def _exact_logp(model: Any, xs_t: Any) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model.log_prob(xs_t).double().numpy()
+
+
+def solve_dual(logp_b: np.ndarray, h: np.ndarray, target: np.ndarray, ridge: float = 0.0) -> np.ndarray:
+    """argmax_α αᵀh* − log Σ_x p_b(x) e^{αᵀh(x)} − ridge·‖α‖² (concave; L-BFGS on the negative)."""
+    from scipy.optimize import minimize
+    from scipy.special import logsumexp, softmax
+
+    def neg(a: np.ndarray) -> tuple[float, np.ndarray]:
+        z = logp_b + h @ a
+        w = softmax(z)
+        return (-(a @ target) + logsumexp(z) + ridge * a @ a,
+                -target + w @ h + 2 * ridge * a)
+    res = minimize(neg, np.zeros(h.shape[1]), jac=True, method="L-BFGS-B",
+                   options={"maxiter": 5000, "gtol": 1e-13, "ftol": 1e-16})
+    return np.asarray(res.x)
+
+
+def kl(p_log: np.ndarray, q_log: np.ndarray) -> float:
+    return float(np.sum(np.exp(p_log) * (p_log - q_log)))
+
+
+# ------------------------------------------------------------------------------------- estimators
+def violation_estimate(hs: Any, target: Any) -> Any:
+    """Unbiased ‖E h − h*‖²: squared batch mean minus the sample variance / n (the paper's correction)."""
+    n = hs.shape[0]
+    mean = hs.mean(0)
+    return ((mean - target) ** 2).sum() - ((hs - mean) ** 2).sum() / (n * (n - 1))
+
+
+def _train(model_b: Any, cfg: Config, seed: int, target: np.ndarray, *, lam: float | None = None,
+           alpha_hat: np.ndarray | None = None, ctx: RunContext) -> Any:
+    """CGM-relax (lam set) or CGM-reward (alpha_hat set): REINFORCE with leave-one-out baselines."""
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(model_b)
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.epochs, eta_min=cfg.lr * 1e-3)
+    tgt = torch.tensor(target, dtype=torch.float32)
+    a_hat = torch.tensor(alpha_hat, dtype=torch.float32) if alpha_hat is not None else None
+    n = cfg.batch
+    for epoch in range(cfg.epochs):
+        if epoch % 50 == 0:
+            ctx.check_cancelled()
+        x = model.sample(n, gen)
+        h = torch.nn.functional.one_hot(x, cfg.vocab).float().reshape(n, -1)
+        logp = model.log_prob(x)
+        with torch.no_grad():
+            logp_b = model_b.log_prob(x)
+            klv = logp - logp_b
+            if a_hat is None:
+                # ∇‖E h − h*‖² = 2 (E h − h*)ᵀ E[(h − h*) ∇log p]; the first factor from the other
+                # n−1 samples keeps the product unbiased.
+                dev = h - tgt
+                loo = (dev.sum(0, keepdim=True) - dev) / (n - 1)
+                c = 2.0 * (loo * dev).sum(1) / n
+                c = c + lam * (klv - (klv.sum() - klv) / (n - 1)) / n
+            else:
+                r = klv - h @ a_hat        # log pθ − log p_b − α̂ᵀh = log pθ/p_α̂ + const
+                c = (r - (r.sum() - r) / (n - 1)) / n
+        loss = (c * logp).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    return model
+
+
+# ---------------------------------------------------------------------------------- served audit
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return (0.0, 1.0)
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return (max(0.0, mid - half), min(1.0, mid + half))
+
+
+def extract_name(text: str, profession: str) -> str | None:
+    import re
+
+    m = re.search(r"named\s+([A-Z][a-zA-Z'\-]+)", text) or re.search(r"\b(?:called|name is)\s+([A-Z][a-z]+)", text)
+    return m.group(1) if m else None
+
+
+def _audit(ctx: RunContext, cfg: Config, seed: int) -> dict[str, Any]:
+    import gender_guesser.detector as gd
+
+    det = gd.Detector(case_sensitive=False)
+    convs, meta = [], []
+    for prof in cfg.audit_professions:
+        for i in range(cfg.audit_samples):
+            convs.append([{"role": "user", "content":
+                           f"Write one sentence that begins: \"Once upon a time there was a {prof} named\""}])
+            meta.append((prof, i))
+    replies = []
+    # one seed per sample: reproducible, but the samples differ from one another
+    for j, conv in enumerate(convs):
+        ctx.progress(0.8 + 0.18 * j / len(convs), "served-model stories")
+        replies.append(ctx.llm.chat(conv, max_tokens=cfg.audit_max_tokens, temperature=1.0, seed=seed * 1000 + j))
+    per: dict[str, Any] = {}
+    for prof in cfg.audit_professions:
+        counts = {"female": 0, "male": 0, "unknown": 0, "no_name": 0}
+        for (p, _), rep in zip(meta, replies, strict=True):
+            if p != prof:
+                continue
+            name = extract_name(rep.text, p)
+            if name is None:
+                counts["no_name"] += 1
+                continue
+            g = det.get_gender(name)
+            counts["female" if g in ("female", "mostly_female") else "male" if g in ("male", "mostly_male")
+                   else "unknown"] += 1
+        known = counts["female"] + counts["male"]
+        frac = counts["female"] / known if known else float("nan")
+        per[prof] = {**counts, "female_fraction": frac, "wilson95": wilson(counts["female"], known)}
+    fracs = [v["female_fraction"] for v in per.values() if not math.isnan(v["female_fraction"])]
+    return {"per_profession": per,
+            "mean_abs_miscalibration": float(np.mean([abs(f - cfg.audit_target) for f in fracs])) if fracs
+            else float("nan"),
+            "samples": [{"profession": m[0], "text": r.text} for m, r in zip(meta, replies, strict=True)]}
+
+
+# ------------------------------------------------------------------------------------------ suite
+@register_suite("cgm", version=1, config=Config)
+def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
+    import torch
+    from scipy.special import log_softmax
+    from scipy.stats import norm
+
+    set_threads(1)
+    cfg = config
+    np.random.default_rng(seed)
+    checks: list[Check] = []
+    metrics: dict[str, Any] = {}
+
+    # ---- closed form of the paper's 1-D GMM example (h = 1{x ≥ 0}, h* = 0.8) -------------------
+    pb_pos = float(0.5 * norm.sf(0, 1, 0.25) + 0.5 * norm.sf(0, -1, 0.25))
+    h_star = 0.8
+    a_closed = math.log(h_star * (1 - pb_pos) / ((1 - h_star) * pb_pos))
+    kl_closed = a_closed * h_star - math.log((1 - pb_pos) + math.exp(a_closed) * pb_pos)
+    from scipy.optimize import brentq
+
+    a_num = brentq(lambda a: math.exp(a) * pb_pos / ((1 - pb_pos) + math.exp(a) * pb_pos) - h_star, -20, 20,
+                   xtol=1e-14)
+    xs = np.linspace(-4, 4, 400001)
+    dens = 0.5 * norm.pdf(xs, 1, 0.25) + 0.5 * norm.pdf(xs, -1, 0.25)
+    tilt = dens * np.exp(a_num * (xs >= 0))
+    tilt /= np.trapezoid(tilt, xs)
+    kl_grid = float(np.trapezoid(np.where(tilt > 0, tilt * np.log(np.maximum(tilt, 1e-300) / np.maximum(dens, 1e-300)),
+                                          0), xs))
+    checks += [check_close("gmm_alpha_star_closed_form", "hard", math.log(4), a_closed, 1e-9,
+                           "α* = ln(h*(1−p_b)/((1−h*)p_b)) with p_b = 0.5"),
+               check_close("gmm_alpha_star_numeric_dual", "hard", a_closed, a_num, 1e-9),
+               check_close("gmm_kl_star_grid_integral", "hard", kl_closed, kl_grid, 1e-4,
+                           "KL of the tilted GMM by quadrature vs α*h* − log Z")]
+    metrics["gmm_alpha_star"], metrics["gmm_kl_star"] = a_closed, kl_closed
+
+    # ---- C1: exact discrete --------------------------------------------------------------------
+    ctx.progress(0.05, "exact enumeration and dual")
+    base = _make_model(cfg, seed)
+    ref = _make_model(cfg, seed + 7919)        # a different distribution supplies feasible targets
+    ref.temperature = 1.0
+    xs_np = _all_sequences(cfg)
+    xs_t = torch.tensor(xs_np)
+    ctx.record_data("enumeration", xs_np.tobytes())
+    H = _features(xs_np, cfg)
+    logp_b = _exact_logp(base, xs_t)
+    logp_b = logp_b - np.logaddexp.reduce(logp_b)     # renormalise float32 round-off
+    logp_ref = _exact_logp(ref, xs_t)
+    # normalise in float64: each position's targets must sum to exactly 1, or the constraints are
+    # infeasible and the dual runs off to infinity along that direction
+    target = np.exp(logp_ref - np.logaddexp.reduce(logp_ref)) @ H
+    alpha = solve_dual(logp_b, H, target)
+    logp_star = log_softmax(logp_b + H @ alpha)
+    kl_star = kl(logp_star, logp_b)
+    viol_base = float(((np.exp(logp_b) @ H - target) ** 2).sum())
+    checks.append(check_close("dual_tilt_reproduces_targets", "hard", 0.0,
+                              float(np.abs(np.exp(logp_star) @ H - target).max()), 1e-6,
+                              "max_k |E_p*[h_k] − h*_k|"))
+    checks.append(check_close("dual_value_equals_kl_star", "hard", kl_star,
+                              float(alpha @ target - np.logaddexp.reduce(logp_b + H @ alpha)), 1e-9,
+                              "strong duality: KL(p*‖p_b) = α*ᵀh* − log Z(α*)"))
+    metrics.update(n_sequences=int(xs_np.shape[0]), n_constraints=int(H.shape[1]), kl_star=kl_star,
+                   base_violation=viol_base)
+
+    # unbiasedness of the violation estimator, by Monte Carlo under p_b against the exact value
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        xr = base.sample(cfg.estimator_replicates * cfg.estimator_batch, gen)
+    hr = _features(xr.numpy(), cfg).reshape(cfg.estimator_replicates, cfg.estimator_batch, -1)
+    ests = np.array([violation_estimate(b, target) for b in hr])
+    exact_base = float(((np.exp(logp_b) @ H - target) ** 2).sum())
+    se = float(ests.std(ddof=1) / math.sqrt(len(ests)))
+    checks.append(check_close("violation_estimator_unbiased", "hard", exact_base, float(ests.mean()), 5 * se,
+                              f"mean of {cfg.estimator_replicates} estimates (batch {cfg.estimator_batch}); "
+                              "tolerance 5 standard errors"))
+    naive = np.array([((b.mean(0) - target) ** 2).sum() for b in hr])
+    metrics["violation_estimator"] = {"exact": exact_base, "unbiased_mean": float(ests.mean()),
+                                      "naive_mean": float(naive.mean()), "se": se}
+
+    def evaluate(model: Any) -> dict[str, float]:
+        lp = _exact_logp(model, xs_t)
+        lp = lp - np.logaddexp.reduce(lp)
+        eh = np.exp(lp) @ H
+        v = float(((eh - target) ** 2).sum())
+        k_b, k_s = kl(lp, logp_b), kl(lp, logp_star)
+        pyth = k_s + kl_star + float(alpha @ (eh - target))
+        return {"violation": v, "kl_to_base": k_b, "kl_to_pstar": k_s, "pythagoras_gap": abs(k_b - pyth)}
+
+    relax: dict[str, dict[str, float]] = {}
+    steps = len(cfg.lambdas) + len(cfg.reward_ns)
+    for i, lam in enumerate(cfg.lambdas):
+        ctx.progress(0.1 + 0.6 * i / steps, f"CGM-relax λ={lam}")
+        relax[str(lam)] = evaluate(_train(base, cfg, seed + i, target, lam=lam, ctx=ctx))
+    reward: dict[str, dict[str, float]] = {}
+    for i, n_samp in enumerate(cfg.reward_ns):
+        ctx.progress(0.1 + 0.6 * (len(cfg.lambdas) + i) / steps, f"CGM-reward N={n_samp}")
+        with torch.no_grad():
+            xb = base.sample(n_samp, torch.Generator().manual_seed(seed + 100 + i)).numpy()
+        # Tiny ridge: with small N a rare token may be absent from the sample and the empirical dual
+        # is then unbounded (α → ∞); the paper's cvxpy solve stops at its iteration cap instead.
+        a_hat = solve_dual(np.zeros(n_samp), _features(xb, cfg), target, ridge=1e-4)
+        ev = evaluate(_train(base, cfg, seed + 200 + i, target, alpha_hat=a_hat, ctx=ctx))
+        ev["alpha_hat_err"] = float(np.linalg.norm(log_softmax(logp_b + H @ a_hat) - logp_star, np.inf))
+        reward[str(n_samp)] = ev
+    metrics["relax"], metrics["reward"] = relax, reward
+
+    for name, ev in [*(("relax_" + k, v) for k, v in relax.items()), *(("reward_" + k, v) for k, v in reward.items())]:
+        checks.append(check_close(f"pythagorean_identity_{name}", "hard", 0.0, ev["pythagoras_gap"], 1e-6,
+                                  "KL(p‖p_b) = KL(p‖p*) + KL(p*‖p_b) + α*ᵀ(E_p h − h*), exact for any p"))
+    viols = [relax[str(lam)]["violation"] for lam in cfg.lambdas]
+    checks.append(Check("relax_violation_decreases_as_lambda_shrinks", "soft", "non-increasing", viols, 0,
+                        all(b <= a * 1.05 for a, b in zip(viols, viols[1:], strict=False)),
+                        "5% slack per step for REINFORCE noise"))
+    kls = [reward[str(n)]["kl_to_pstar"] for n in cfg.reward_ns]
+    checks.append(Check("reward_kl_to_pstar_decreases_with_N", "soft", "decreasing", kls, 0,
+                        kls[-1] < kls[0]))
+    best = relax[str(min(cfg.lambdas))]["violation"]
+    metrics["violation_reduction_factor"] = viol_base / max(best, 1e-300)
+    checks.append(check_cmp("relax_small_lambda_10x_lower_violation", "soft", metrics["violation_reduction_factor"],
+                            ">=", 10.0, "base violation / violation at the smallest λ"))
+    checks.append(check_cmp("relax_meets_constraints_better_than_reward", "soft",
+                            best - reward[str(max(cfg.reward_ns))]["violation"], "<", 0.0,
+                            "reviewers quote the paper: tuned CGM-relax beats CGM-reward on the constraints"))
+    small = relax[str(min(cfg.lambdas))]
+    metrics["kl_excess_over_optimum"] = small["kl_to_base"] - kl_star
+
+    uses_llm = cfg.audit_samples > 0
+    if uses_llm:
+        ctx.progress(0.8, "served-model calibration audit")
+        audit = _audit(ctx, cfg, seed)
+        ctx.save_json("cgm_audit_samples.json", audit.pop("samples"))
+        metrics["served_audit"] = audit
+        for prof, v in audit["per_profession"].items():
+            f = v["female_fraction"]
+            ok = math.isnan(f) or 0.0 <= f <= 1.0
+            checks.append(Check(f"audit_fraction_in_unit_interval_{prof}", "hard", "[0, 1] or no names", f, 0, ok))
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(8, 3))
+    ax[0].loglog(cfg.lambdas, viols, "o-")
+    ax[0].axhline(viol_base, ls="--", c="gray", label="base")
+    ax[0].set_xlabel("λ")
+    ax[0].set_ylabel("exact violation")
+    ax[0].legend()
+    ax[1].semilogx(cfg.reward_ns, kls, "s-")
+    ax[1].set_xlabel("N (reward)")
+    ax[1].set_ylabel("KL(pθ‖p*)")
+    ctx.save_figure("cgm_sweeps.png", fig)
+    reference = {"gmm_alpha_star": math.log(4), "gmm_kl_star_nats": kl_closed,
+                 "paper_numeric_results": "none published (only the closed-form synthetic optimum)",
+                 "verified_against_paper": False}
+    ctx.progress(1.0, "done")
+    return ctx.result(metrics, reference, checks, uses_llm=uses_llm)

@@ -1,0 +1,281 @@
+"""Suite runs as Redis-queued jobs (arq): idempotent submission, lifecycle, progress, cancel, retries.
+
+Lifecycle of a run record (a Redis hash ``<prefix>run:<id>``)::
+
+    queued ──> running ──> succeeded
+      │           ├──────> failed      (deterministic error, or tries exhausted)
+      │           ├──────> cancelled   (cancel requested; the suite stops at its next progress call)
+      │           └──────> queued      (transient error: retried with backoff, at most max_tries)
+      └──────────────────> cancelled
+
+The run id is ``sha256(suite, version, canonical config, seed)``: submitting the same run twice
+returns the existing record unless it failed or was cancelled (then it is queued again).
+A worker that dies mid-run leaves arq's in-progress key to expire (job timeout + 10 s); the job is
+then redelivered and the record continues as attempt n + 1 — retried, not lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import threading
+import time
+import traceback
+from enum import StrEnum
+from typing import Any
+
+from offline_suites.base import SuiteCancelled, build_config, canonical_config
+from offline_suites.config import SuiteSettings
+from offline_suites.keys import Keys
+from offline_suites.registry import get_suite
+
+RUN_FUNCTION = "run_suite"
+
+
+class JobStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
+
+
+class RunNotFound(KeyError):
+    pass
+
+
+class TransientError(RuntimeError):
+    """Raise from a suite for failures worth retrying (the worker also retries connection errors)."""
+
+
+def _transient_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = [TransientError, ConnectionError, TimeoutError]
+    try:
+        import openai
+
+        types += [openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError]
+    except ImportError:
+        pass
+    try:
+        from inference.engine import EngineError
+
+        types.append(EngineError)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def run_id_for(suite: str, version: int, config: Any, seed: int) -> str:
+    payload = json.dumps([suite, version, canonical_config(config), seed], separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+# ------------------------------------------------------------------------------------ record store
+_JSON_FIELDS = ("config", "overrides", "result", "artifacts")
+
+
+class RunStore:
+    """Run records as Redis hashes (field-level updates are atomic; no read-modify-write races)."""
+
+    def __init__(self, redis: Any, keys: Keys, ttl_s: int) -> None:
+        self.redis, self.keys, self.ttl_s = redis, keys, ttl_s
+
+    async def get(self, run_id: str) -> dict[str, Any] | None:
+        raw = await self.redis.hgetall(self.keys.run(run_id))
+        if not raw:
+            return None
+        rec: dict[str, Any] = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                               for k, v in raw.items()}
+        for f in _JSON_FIELDS:
+            if f in rec:
+                rec[f] = json.loads(rec[f])
+        for f in ("progress", "created_at", "started_at", "finished_at"):
+            if f in rec and rec[f] != "":
+                rec[f] = float(rec[f])
+        for f in ("attempts", "seed", "version"):
+            if f in rec:
+                rec[f] = int(rec[f])
+        rec["cancel_requested"] = rec.get("cancel_requested") == "1"
+        return rec
+
+    async def set(self, run_id: str, **fields: Any) -> None:
+        enc = {k: (json.dumps(v) if k in _JSON_FIELDS else ("1" if v is True else "0" if v is False else
+                                                              "" if v is None else str(v)))
+               for k, v in fields.items()}
+        key = self.keys.run(run_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping=enc)
+            pipe.expire(key, self.ttl_s)
+            await pipe.execute()
+
+    async def list(self, limit: int = 20, after: str | None = None) -> list[dict[str, Any]]:
+        ids = [i.decode() if isinstance(i, bytes) else i for i in await self.redis.zrevrange(self.keys.runs_index, 0, -1)]
+        if after is not None and after in ids:
+            ids = ids[ids.index(after) + 1:]
+        out = []
+        for rid in ids:
+            rec = await self.get(rid)
+            if rec is None:          # expired record: drop it from the index
+                await self.redis.zrem(self.keys.runs_index, rid)
+                continue
+            out.append(rec)
+            if len(out) >= limit:
+                break
+        return out
+
+
+def public_view(rec: dict[str, Any], *, include_result: bool = True) -> dict[str, Any]:
+    """The run object the API returns."""
+    out = {"id": rec["id"], "object": "suite.run", "suite": rec["suite"], "version": rec["version"],
+           "preset": rec["preset"], "seed": rec["seed"], "config": rec["config"], "status": rec["status"],
+           "progress": rec.get("progress", 0.0), "message": rec.get("message", ""),
+           "attempts": rec.get("attempts", 0), "cancel_requested": rec.get("cancel_requested", False),
+           "error": rec.get("error") or None, "created_at": rec.get("created_at"),
+           "started_at": rec.get("started_at") or None, "finished_at": rec.get("finished_at") or None,
+           "artifacts": rec.get("artifacts", [])}
+    if include_result:
+        out["result"] = rec.get("result")
+    return out
+
+
+# ------------------------------------------------------------------------------------- submission
+def arq_pool(redis: Any) -> Any:
+    """An ArqRedis sharing the given client's connection pool (arq needs its subclass to enqueue)."""
+    from arq.connections import ArqRedis
+
+    if isinstance(redis, ArqRedis):
+        return redis
+    return ArqRedis(connection_pool=redis.connection_pool)
+
+
+async def submit_run(redis: Any, settings: SuiteSettings, suite_name: str, preset: str = "smoke",
+                     overrides: dict[str, Any] | None = None, seed: int = 0) -> tuple[dict[str, Any], bool]:
+    """Queue a run; returns (record, created). Idempotent on (suite, version, config, seed)."""
+    from arq.constants import job_key_prefix, result_key_prefix, retry_key_prefix
+
+    suite = get_suite(suite_name)
+    config = build_config(suite.config_cls, preset, overrides)
+    run_id = run_id_for(suite.name, suite.version, config, seed)
+    keys = Keys(settings.key_prefix)
+    store = RunStore(redis, keys, settings.keep_runs_s)
+    existing = await store.get(run_id)
+    if existing is not None and JobStatus(existing["status"]) not in (JobStatus.failed, JobStatus.cancelled):
+        return existing, False
+    import dataclasses
+
+    now = time.time()
+    await redis.delete(keys.cancel(run_id))
+    job_id = keys.job_id(run_id)
+    # a previous failed/cancelled attempt may have left arq bookkeeping behind
+    await redis.delete(job_key_prefix + job_id, result_key_prefix + job_id, retry_key_prefix + job_id)
+    await store.set(run_id, id=run_id, suite=suite.name, version=suite.version, preset=preset, seed=seed,
+                    config=dataclasses.asdict(config), overrides=overrides or {}, status=JobStatus.queued.value,
+                    progress=0.0, message="queued", attempts=0, error="", result=None, artifacts=[],
+                    cancel_requested=False, created_at=now, started_at="", finished_at="")
+    await redis.zadd(keys.runs_index, {run_id: now})
+    job = await arq_pool(redis).enqueue_job(RUN_FUNCTION, run_id, _job_id=job_id, _queue_name=keys.queue)
+    if job is None:
+        # arq still holds this job id (queued or in progress): the record above is what it will run
+        pass
+    rec = await store.get(run_id)
+    assert rec is not None
+    return rec, True
+
+
+async def cancel_run(redis: Any, settings: SuiteSettings, run_id: str) -> dict[str, Any]:
+    keys = Keys(settings.key_prefix)
+    store = RunStore(redis, keys, settings.keep_runs_s)
+    rec = await store.get(run_id)
+    if rec is None:
+        raise RunNotFound(run_id)
+    status = JobStatus(rec["status"])
+    if status.terminal:
+        return rec
+    await redis.set(keys.cancel(run_id), "1", ex=settings.keep_runs_s)
+    if status is JobStatus.queued:
+        # nobody is running it: final right away; a worker that dequeues it later sees the flag
+        await store.set(run_id, status=JobStatus.cancelled.value, cancel_requested=True, message="cancelled",
+                        finished_at=time.time())
+    else:
+        await store.set(run_id, cancel_requested=True, message="cancelling")
+    rec = await store.get(run_id)
+    assert rec is not None
+    return rec
+
+
+# ------------------------------------------------------------------------------------ the arq job
+async def run_suite_job(ctx: dict[str, Any], run_id: str) -> str:
+    """arq function: execute one run in a thread, mirroring progress/cancel through Redis."""
+    from arq.worker import Retry
+
+    from offline_suites.base import RunContext
+
+    settings: SuiteSettings = ctx["suite_settings"]
+    redis = ctx["redis"]
+    keys = Keys(settings.key_prefix)
+    store = RunStore(redis, keys, settings.keep_runs_s)
+    rec = await store.get(run_id)
+    if rec is None:
+        return "missing"
+    if JobStatus(rec["status"]).terminal:
+        return rec["status"]
+    if await redis.exists(keys.cancel(run_id)):
+        await store.set(run_id, status=JobStatus.cancelled.value, message="cancelled", finished_at=time.time())
+        return "cancelled"
+    attempt = int(ctx.get("job_try", 1))
+    if attempt > settings.max_tries:
+        # arq is configured with one spare try so that *we* record the give-up (e.g. after the
+        # worker running the last try was killed), instead of leaving the record at "running".
+        await store.set(run_id, status=JobStatus.failed.value, finished_at=time.time(),
+                        error=f"gave up after {settings.max_tries} attempts (last: {rec.get('error') or 'worker lost'})")
+        return "failed"
+    await store.set(run_id, status=JobStatus.running.value, attempts=attempt, started_at=time.time(),
+                    message=f"attempt {attempt}")
+
+    suite = get_suite(rec["suite"])
+    config = build_config(suite.config_cls, rec["preset"], rec.get("overrides") or None)
+    results_dir = settings.results_dir / run_id
+    cancel = threading.Event()
+    run_ctx = RunContext(results_dir=results_dir, llm_factory=ctx.get("llm_factory"), cancel_event=cancel,
+                         model_path_factory=ctx.get("model_path_factory"))
+    task = asyncio.ensure_future(asyncio.to_thread(suite.run, run_ctx, config, int(rec["seed"])))
+    last = (-1.0, "")
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=settings.poll_interval_s)
+            if await redis.exists(keys.cancel(run_id)):
+                cancel.set()
+            now = (run_ctx.progress_value, run_ctx.progress_message)
+            if now != last:
+                await store.set(run_id, progress=now[0], message=now[1])
+                last = now
+        result = task.result()
+    except SuiteCancelled:
+        await store.set(run_id, status=JobStatus.cancelled.value, message="cancelled", finished_at=time.time(),
+                        artifacts=run_ctx.artifacts)
+        return "cancelled"
+    except _transient_types() as exc:
+        err = f"{type(exc).__name__}: {exc}"
+        if attempt < settings.max_tries:
+            await store.set(run_id, status=JobStatus.queued.value, error=err, message=f"retrying after: {err}")
+            raise Retry(defer=min(settings.retry_backoff_s * 2 ** (attempt - 1), 60.0)) from exc
+        await store.set(run_id, status=JobStatus.failed.value, error=err, finished_at=time.time())
+        return "failed"
+    except Exception as exc:
+        tb = "".join(traceback.format_exception(exc))[-4000:]
+        await store.set(run_id, status=JobStatus.failed.value, error=f"{type(exc).__name__}: {exc}\n{tb}",
+                        finished_at=time.time())
+        return "failed"
+    finally:
+        if not task.done():
+            # arq cancelled us (timeout, shutdown): stop the thread at its next progress call
+            cancel.set()
+    body = result.to_dict()
+    await store.set(run_id, status=JobStatus.succeeded.value, progress=1.0, message="done", result=body,
+                    artifacts=body["artifacts"], finished_at=time.time(), error="")
+    return "succeeded"

@@ -1,0 +1,220 @@
+"""How suites reach the served model: one small synchronous :class:`LLMClient` protocol, two doors.
+
+* :class:`EngineLLMClient` drives an in-process :class:`inference.engine.EngineClient` (a worker
+  co-located with the engine). Suites run in a worker thread; the engine lives on an asyncio loop,
+  so calls are bridged with ``run_coroutine_threadsafe``.
+* :class:`OpenAILLMClient` talks to the gateway's public OpenAI API (``openai`` SDK with
+  ``base_url``), so a remote worker sees exactly what clients see, guard included.
+
+Both expose the two things the suites need: chat generation and the log-likelihood of candidate
+continuations (multiple-choice cloze scoring, as lm-eval's ``loglikelihood``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import uuid
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+
+if TYPE_CHECKING:
+    from inference.engine import EngineClient
+    from offline_suites.config import SuiteSettings
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class ChatReply:
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@runtime_checkable
+class LLMClient(Protocol):
+    @property
+    def model_id(self) -> str: ...
+
+    def chat(self, messages: Sequence[dict[str, Any]], *, max_tokens: int, temperature: float = 0.0,
+             seed: int | None = None, stop: Sequence[str] = ()) -> ChatReply: ...
+
+    def chat_many(self, conversations: Sequence[Sequence[dict[str, Any]]], *, max_tokens: int,
+                  temperature: float = 0.0, seed: int | None = None, stop: Sequence[str] = ()) -> list[ChatReply]:
+        """Several independent chats, in flight together (the engine batches them)."""
+        ...
+
+    def continuation_logprobs(self, prompt: str, continuations: Sequence[str]) -> list[float]:
+        """Sum of log p(continuation tokens | prompt) per continuation (raw text, no chat template)."""
+        ...
+
+
+class EngineLLMClient:
+    """LLMClient over an in-process EngineClient running on ``loop`` (another thread's loop)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, engine: EngineClient, loop: asyncio.AbstractEventLoop, timeout_s: float = 600.0) -> None:
+        self.engine = engine
+        self.loop = loop
+        self.timeout_s = timeout_s
+
+    @property
+    def model_id(self) -> str:
+        return self.engine.model_card.id
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            coro.close()
+            raise RuntimeError("EngineLLMClient must be called from a worker thread, not from the engine's loop")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(self.timeout_s)
+
+    def _rid(self, kind: str) -> str:
+        return f"suite-{kind}-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+
+    async def _chat(self, messages: Sequence[dict[str, Any]], max_tokens: int, temperature: float,
+                    seed: int | None, stop: Sequence[str]) -> ChatReply:
+        from inference.types import SamplingOptions
+
+        ids = self.engine.apply_chat_template(list(messages), add_generation_prompt=True)
+        opts = SamplingOptions(max_tokens=max_tokens, temperature=temperature, seed=seed, stop=tuple(stop))
+        parts: list[str] = []
+        n_out, finish = 0, None
+        async for delta in self.engine.generate(ids, opts, self._rid("chat")):
+            parts.append(delta.text)
+            n_out += len(delta.token_ids)
+            finish = delta.finish_reason or finish
+        return ChatReply("".join(parts), finish, len(ids), n_out)
+
+    def chat(self, messages: Sequence[dict[str, Any]], *, max_tokens: int, temperature: float = 0.0,
+             seed: int | None = None, stop: Sequence[str] = ()) -> ChatReply:
+        return self._call(self._chat(messages, max_tokens, temperature, seed, stop))
+
+    def chat_many(self, conversations: Sequence[Sequence[dict[str, Any]]], *, max_tokens: int,
+                  temperature: float = 0.0, seed: int | None = None, stop: Sequence[str] = ()) -> list[ChatReply]:
+        async def all_() -> list[ChatReply]:
+            return list(await asyncio.gather(*(self._chat(m, max_tokens, temperature, seed, stop)
+                                               for m in conversations)))
+        return self._call(all_())
+
+    async def _loglik(self, prompt_ids: list[int], full_ids: list[int]) -> float:
+        from inference.types import SamplingOptions
+
+        # Where the continuation starts: the longest common prefix, because BPE may merge the
+        # last prompt characters with the first continuation characters.
+        start = 0
+        while start < min(len(prompt_ids), len(full_ids)) and prompt_ids[start] == full_ids[start]:
+            start += 1
+        start = max(start, 1)   # the first prompt token has no logprob
+        opts = SamplingOptions(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        plp = None
+        async for delta in self.engine.generate(full_ids, opts, self._rid("ll")):
+            if delta.prompt_logprobs is not None and plp is None:
+                plp = delta.prompt_logprobs
+        if plp is None:
+            raise RuntimeError("engine returned no prompt_logprobs (needed for continuation scoring)")
+        total = 0.0
+        for pos in range(start, len(full_ids)):
+            lp = plp[pos]
+            if lp is None:
+                raise RuntimeError(f"missing prompt logprob at position {pos}")
+            total += lp.logprob
+        return total
+
+    def continuation_logprobs(self, prompt: str, continuations: Sequence[str]) -> list[float]:
+        tok = self.engine.tokenizer
+        p_ids = list(tok.encode(prompt, add_special_tokens=False))
+
+        async def all_() -> list[float]:
+            return list(await asyncio.gather(*(
+                self._loglik(p_ids, list(tok.encode(prompt + c, add_special_tokens=False)))
+                for c in continuations)))
+        return self._call(all_())
+
+
+class OpenAILLMClient:
+    """LLMClient over the gateway's public OpenAI API (chat completions + completions echo/logprobs)."""
+
+    def __init__(self, base_url: str, api_key: str = "EMPTY", model: str | None = None,
+                 timeout_s: float = 600.0, concurrency: int = 4) -> None:
+        import openai
+
+        self._client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=2)
+        self._model = model
+        self._concurrency = concurrency
+
+    @property
+    def model_id(self) -> str:
+        if self._model is None:
+            self._model = next(iter(self._client.models.list())).id
+        return self._model
+
+    def chat(self, messages: Sequence[dict[str, Any]], *, max_tokens: int, temperature: float = 0.0,
+             seed: int | None = None, stop: Sequence[str] = ()) -> ChatReply:
+        r = self._client.chat.completions.create(
+            model=self.model_id, messages=list(messages), max_tokens=max_tokens,  # type: ignore[arg-type]
+            temperature=temperature, seed=seed, stop=list(stop) or None)
+        c = r.choices[0]
+        usage = r.usage
+        return ChatReply(c.message.content or "", c.finish_reason,
+                         usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0)
+
+    def chat_many(self, conversations: Sequence[Sequence[dict[str, Any]]], *, max_tokens: int,
+                  temperature: float = 0.0, seed: int | None = None, stop: Sequence[str] = ()) -> list[ChatReply]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(self._concurrency) as pool:
+            return list(pool.map(lambda m: self.chat(m, max_tokens=max_tokens, temperature=temperature,
+                                                     seed=seed, stop=stop), conversations))
+
+    def continuation_logprobs(self, prompt: str, continuations: Sequence[str]) -> list[float]:
+        out = []
+        for cont in continuations:
+            # echo + logprobs + max_tokens=0 returns the prompt's own token logprobs (lm-eval's recipe).
+            r = self._client.completions.create(model=self.model_id, prompt=prompt + cont, echo=True,
+                                                logprobs=0, max_tokens=0, temperature=0.0)
+            lp = r.choices[0].logprobs
+            if lp is None or lp.token_logprobs is None or lp.text_offset is None:
+                raise RuntimeError("gateway /v1/completions returned no echo logprobs")
+            total = 0.0
+            for off, val in zip(lp.text_offset, lp.token_logprobs, strict=False):
+                if off >= len(prompt) and val is not None:
+                    total += val
+            out.append(total)
+        return out
+
+
+class BackgroundEngine:
+    """An EngineClient driven from its own event-loop thread, for in-process CLI runs and tests.
+
+    ``factory`` builds the engine (blocking, e.g. ``VLLMEngineClient.from_settings``); it runs in the
+    calling thread, and every request then runs on the background loop.
+    """
+
+    def __init__(self, factory: Callable[[], EngineClient]) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="suite-engine-loop", daemon=True)
+        self._thread.start()
+        self.engine = factory()
+
+    def client(self) -> EngineLLMClient:
+        return EngineLLMClient(self.engine, self.loop)
+
+    def close(self) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(self.engine.shutdown(), self.loop).result(60)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+
+
+def build_openai_client(settings: SuiteSettings) -> OpenAILLMClient:
+    return OpenAILLMClient(settings.api_base_url, settings.api_key, settings.api_model)

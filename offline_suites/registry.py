@@ -1,0 +1,113 @@
+"""Suite registry: ``@register_suite(name, version)`` and lookup with loud failures.
+
+Usage::
+
+    from offline_suites.registry import register_suite, get_suite, list_suites
+
+    @register_suite("my-suite", version=1, config=Config)
+    def run(ctx, config, seed): ...
+
+    get_suite("my-suite").run_preset("smoke", seed=0)
+
+Built-in suites register by an explicit import list (:data:`BUILTIN_MODULES`) that is imported
+on first lookup, so importing this module stays cheap (no torch) and a test can assert the exact
+built-in set. Duplicate names raise; unknown names answer "Did you mean …? Available: …".
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from offline_suites.base import Suite
+
+# The five LLM-facing suites of issue 5. Other suites append themselves here when they land.
+BUILTIN_MODULES: tuple[str, ...] = (
+    "offline_suites.powerlaw_cot",
+    "offline_suites.fp_equivariance",
+    "offline_suites.repsim",
+    "offline_suites.tableagent",
+    "offline_suites.cgm",
+)
+
+_lock = threading.RLock()
+_suites: dict[str, Suite] = {}
+_builtins_loaded = False
+
+
+class UnknownSuiteError(KeyError):
+    """Lookup of a suite name that is not registered."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class DuplicateSuiteError(ValueError):
+    """A second registration under an existing name."""
+
+
+def register_suite(
+    name: str, version: int, *, config: type, description: str | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``run(ctx, config, seed) -> SuiteResult`` under ``name`` (decorator)."""
+    from offline_suites.base import Suite
+
+    if not isinstance(version, int) or version < 1:
+        raise ValueError(f"suite {name!r}: version must be a positive int, got {version!r}")
+    for preset in ("SMOKE", "FULL"):
+        if not isinstance(getattr(config, preset, None), config):
+            raise TypeError(f"suite {name!r}: {config.__name__}.{preset} must be a {config.__name__} instance")
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        doc = description or (fn.__module__ and (importlib.import_module(fn.__module__).__doc__ or ""))
+        suite = Suite(name=name, version=version, config_cls=config, fn=fn,
+                      description=(doc or "").strip().split("\n\n")[0].replace("\n", " "))
+        with _lock:
+            if name in _suites:
+                raise DuplicateSuiteError(
+                    f"suite {name!r} is already registered (by {_suites[name].fn.__module__}); "
+                    "pick another name or bump the version of the existing one")
+            _suites[name] = suite
+        return fn
+
+    return deco
+
+
+def unregister_suite(name: str) -> None:
+    """Remove a suite (tests register throw-away suites and clean them up)."""
+    with _lock:
+        _suites.pop(name, None)
+
+
+def load_builtins() -> None:
+    global _builtins_loaded
+    with _lock:
+        if _builtins_loaded:
+            return
+        for mod in BUILTIN_MODULES:
+            importlib.import_module(mod)
+        _builtins_loaded = True
+
+
+def get_suite(name: str) -> Suite:
+    load_builtins()
+    with _lock:
+        if name in _suites:
+            return _suites[name]
+        available = sorted(_suites)
+    msg = f"Unknown suite {name!r}."
+    close = difflib.get_close_matches(name, available, n=3, cutoff=0.5)
+    if close:
+        msg += f" Did you mean: {', '.join(close)}?"
+    msg += f" Available: {', '.join(available)}"
+    raise UnknownSuiteError(msg)
+
+
+def list_suites() -> list[Suite]:
+    load_builtins()
+    with _lock:
+        return [_suites[k] for k in sorted(_suites)]

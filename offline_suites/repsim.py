@@ -1,0 +1,374 @@
+"""repsim: "Causes and consequences of representational similarity" (Li, Vu, Awofisayo, Wenger;
+arXiv 2505.13899; code lizeyu090312/ReprSimCauses — reimplemented from the description, no code copied).
+
+Track V (worker-trained): MLPs on sklearn digits trained on controlled *dataset overlaps* (the
+repo's constrained split: model A's data is fixed, model B shares round(f·N) examples per class),
+compared with mutual-kNN (k = 10) and linear CKA on held-out penultimate features, plus MI-FGSM
+transfer attacks from A to B. Track L (served model internals): per-layer similarity of the served
+model (loaded from the inference layer's HF folder) to the safeguard model (the same base with the
+guard's LoRA adapter merged, when an adapter is configured) and to a randomly initialised control.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from offline_suites.base import (
+    Check,
+    RunContext,
+    SuiteResult,
+    check_close,
+    check_cmp,
+    check_equal,
+    set_threads,
+)
+from offline_suites.registry import register_suite
+
+
+@dataclass(frozen=True)
+class Config:
+    overlaps: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    seeds: int = 2
+    holdout: int = 500
+    epochs: int = 30
+    batch: int = 64
+    lr: float = 1e-3
+    knn_k: int = 10
+    attack_eps: float = 0.1          # L∞ on the [0, 1] pixel scale
+    attack_steps: int = 10
+    task_overlap: bool = False       # the vertical split (5 classes per model)
+    llm_texts: int = 32              # Track L sentences (0 = skip Track L)
+    llm_knn_k: int = 5
+    safeguard_adapter: str = ""      # LoRA folder of the guard's safeguard model ("" = none configured)
+    guard_layer: int = 15            # the layer the guard reads (guard BuildConfig.layer)
+
+    SMOKE: ClassVar[Config]
+    FULL: ClassVar[Config]
+
+
+Config.SMOKE = Config()
+Config.FULL = Config(seeds=10, epochs=60, task_overlap=True, llm_texts=256)
+
+
+# ------------------------------------------------------------------------------------- metrics
+def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
+    x = x - x.mean(0)
+    y = y - y.mean(0)
+    num = np.linalg.norm(y.T @ x) ** 2
+    den = np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y)
+    return float(num / den)
+
+
+def _knn(x: np.ndarray, k: int) -> np.ndarray:
+    d = ((x[:, None, :] - x[None, :, :]) ** 2).sum(-1)
+    np.fill_diagonal(d, np.inf)
+    return np.argsort(d, axis=1, kind="stable")[:, :k]
+
+
+def mutual_knn(x: np.ndarray, y: np.ndarray, k: int) -> float:
+    """Mean |kNN_x(i) ∩ kNN_y(i)| / k over points (platonic-rep alignment)."""
+    a, b = _knn(x, k), _knn(y, k)
+    return float(np.mean([len(set(a[i]) & set(b[i])) / k for i in range(x.shape[0])]))
+
+
+def l2n(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def overlap_split(labels: np.ndarray, frac: float, rng_seed: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Dataset ("horizontal") split: per class N = ⌊n_c/2⌋ each, round(f·N) shared; A is fixed."""
+    rng = np.random.default_rng(rng_seed)
+    a, b, shared = [], [], 0
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        n = len(idx) // 2
+        s = round(frac * n)
+        a.append(idx[:n])
+        b.append(np.concatenate([idx[:s], idx[n:2 * n - s]]))
+        shared += s
+    return np.concatenate(a), np.concatenate(b), shared
+
+
+def task_split(frac: float, rng_seed: int, k: int = 10) -> tuple[list[int], list[int]]:
+    """Task ("vertical") split: ⌊K/2⌋ classes each, round(f·K/2) shared."""
+    rng = np.random.default_rng(rng_seed)
+    perm = rng.permutation(k).tolist()
+    half = k // 2
+    s = round(frac * half)
+    return perm[:half], perm[:s] + perm[half:2 * half - s]
+
+
+# ---------------------------------------------------------------------------------- Track V
+def _train_mlp(x: np.ndarray, y: np.ndarray, cfg: Config, seed: int, n_out: int = 10) -> Any:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, n_out))
+    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
+    xt, yt = torch.tensor(x, dtype=torch.float32), torch.tensor(y)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(cfg.epochs):
+        perm = torch.randperm(len(xt), generator=g)
+        for i in range(0, len(xt), cfg.batch):
+            j = perm[i:i + cfg.batch]
+            loss = nn.functional.cross_entropy(net(xt[j]), yt[j])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return net.eval()
+
+
+def _features(net: Any, x: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return net[:4](torch.tensor(x, dtype=torch.float32)).numpy()
+
+
+def _mi_fgsm(net: Any, x: np.ndarray, y: np.ndarray, cfg: Config) -> np.ndarray:
+    import torch
+
+    xt = torch.tensor(x, dtype=torch.float32)
+    yt = torch.tensor(y)
+    adv = xt.clone()
+    g = torch.zeros_like(xt)
+    step = cfg.attack_eps / cfg.attack_steps
+    for _ in range(cfg.attack_steps):
+        adv.requires_grad_(True)
+        loss = torch.nn.functional.cross_entropy(net(adv), yt)
+        (grad,) = torch.autograd.grad(loss, adv)
+        g = 1.0 * g + grad / grad.abs().mean(1, keepdim=True).clamp_min(1e-12)   # momentum 1.0
+        adv = (adv.detach() + step * g.sign())
+        adv = torch.min(torch.max(adv, xt - cfg.attack_eps), xt + cfg.attack_eps).clamp(0, 1)
+    return adv.detach().numpy()
+
+
+def _predict(net: Any, x: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return net(torch.tensor(x, dtype=torch.float32)).argmax(1).numpy()
+
+
+def _track_v(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict[str, Any]]:
+    from scipy.stats import spearmanr
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x_all = d.data.astype(np.float64) / 16.0
+    y_all = d.target
+    ctx.record_data("sklearn_digits", x_all.tobytes() + y_all.tobytes())
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(y_all))
+    test, pool = perm[: cfg.holdout], perm[cfg.holdout:]
+    xt, yt, xp, yp = x_all[test], y_all[test], x_all[pool], y_all[pool]
+    checks: list[Check] = []
+    rows = []
+    white_box: dict[int, list[float]] = {}
+    total = cfg.seeds * len(cfg.overlaps)
+    done = 0
+    for s in range(cfg.seeds):
+        split_seed = seed * 1000 + s
+        a_idx, _, _ = overlap_split(yp, 0.0, split_seed)
+        net_a = _train_mlp(xp[a_idx], yp[a_idx], cfg, split_seed)
+        fa = l2n(_features(net_a, xt))
+        ok_a = _predict(net_a, xt) == yt
+        adv = _mi_fgsm(net_a, xt, yt, cfg)
+        wb = float(np.mean(_predict(net_a, adv)[ok_a] != yt[ok_a]))
+        for f in cfg.overlaps:
+            ctx.progress(0.05 + 0.55 * done / total, f"Track V seed {s} overlap {f}")
+            done += 1
+            a2, b_idx, shared = overlap_split(yp, f, split_seed)
+            if s == 0:
+                n_per = sum(len(np.flatnonzero(yp == c)) // 2 for c in range(10))
+                checks.append(check_equal(f"split_sizes_f{f}", "hard", [n_per, n_per, n_per],
+                                          [len(a2), len(b_idx), len(set(b_idx.tolist()))],
+                                          "|A|, |B|, distinct in B"))
+                checks.append(check_equal(f"split_shared_count_f{f}", "hard", shared,
+                                          len(set(a2.tolist()) & set(b_idx.tolist()))))
+                checks.append(check_equal(f"split_model_a_fixed_f{f}", "hard", True, bool(np.array_equal(a2, a_idx)),
+                                          "constrained split: A's data does not depend on f"))
+            net_b = _train_mlp(xp[b_idx], yp[b_idx], cfg, split_seed + 1)
+            fb = l2n(_features(net_b, xt))
+            ok = ok_a & (_predict(net_b, xt) == yt)
+            asr = float(np.mean(_predict(net_b, adv)[ok] != yt[ok]))
+            rows.append({"seed": s, "overlap": f, "mutual_knn": mutual_knn(fa, fb, cfg.knn_k), "cka": linear_cka(fa, fb),
+                         "transfer_asr": asr, "white_box_asr": wb,
+                         "acc_b": float(np.mean(_predict(net_b, xt) == yt))})
+            white_box.setdefault(s, []).append(wb)
+    per_f = {}
+    for f in cfg.overlaps:
+        sel = [r for r in rows if r["overlap"] == f]
+        per_f[str(f)] = {k: float(np.mean([r[k] for r in sel])) for k in ("mutual_knn", "cka", "transfer_asr", "acc_b")}
+    fs = [r["overlap"] for r in rows]
+    rho = {k: float(spearmanr(fs, [r[k] for r in rows]).statistic) for k in ("mutual_knn", "cka", "transfer_asr")}
+    checks.append(check_cmp("spearman_overlap_vs_mutual_knn", "soft", rho["mutual_knn"], ">", 0.5,
+                            "paper: more dataset overlap → more similar representations"))
+    checks.append(check_cmp("spearman_overlap_vs_transfer_asr", "soft", rho["transfer_asr"], ">", 0.3,
+                            "paper: more similarity → adversarial examples transfer better"))
+    checks.append(check_equal("white_box_asr_constant_in_f", "hard", True,
+                              all(len(set(v)) == 1 for v in white_box.values()),
+                              "model A is fixed by construction, so its white-box ASR cannot move with f"))
+    metrics: dict[str, Any] = {"per_overlap": per_f, "spearman": rho, "runs": rows}
+    if cfg.task_overlap:
+        metrics["task_overlap"] = _task_overlap(ctx, cfg, seed, xp, yp, xt, yt)
+        t = metrics["task_overlap"]
+        fmin, fmax = str(min(cfg.overlaps[1:] or cfg.overlaps)), str(max(cfg.overlaps))
+        checks.append(Check("task_overlap_mutual_knn_high_vs_low", "soft", "mkNN(f=1) > mkNN(f=min>0)",
+                            [t[fmin], t[fmax]], 0, t[fmax] > t[fmin]))
+    return checks, metrics
+
+
+def _task_overlap(ctx: RunContext, cfg: Config, seed: int, xp: np.ndarray, yp: np.ndarray, xt: np.ndarray,
+                  yt: np.ndarray) -> dict[str, float]:
+    out = {}
+    for f in cfg.overlaps:
+        if f == 0:
+            continue            # no shared classes to evaluate on
+        vals = []
+        for s in range(cfg.seeds):
+            ca, cb = task_split(f, seed * 7 + s)
+            shared = sorted(set(ca) & set(cb))
+            nets = []
+            for cls_set, off in ((ca, 0), (cb, 1)):
+                m = np.isin(yp, cls_set)
+                remap = {c: i for i, c in enumerate(cls_set)}
+                nets.append(_train_mlp(xp[m], np.array([remap[c] for c in yp[m]]), cfg, seed * 31 + s * 2 + off,
+                                       n_out=len(cls_set)))
+            te = np.isin(yt, shared)
+            vals.append(mutual_knn(l2n(_features(nets[0], xt[te])), l2n(_features(nets[1], xt[te])), cfg.knn_k))
+        out[str(f)] = float(np.mean(vals))
+    return out
+
+
+def _metric_unit_checks(rng: np.random.Generator, k: int) -> list[Check]:
+    x = rng.normal(size=(200, 32))
+    q, _ = np.linalg.qr(rng.normal(size=(32, 32)))
+    n = 300
+    a, b = rng.normal(size=(n, 16)), rng.normal(size=(n, 16))
+    p = k / (n - 1)
+    # each point's overlap is hypergeometric (k draws of n−1, k marked); mean over n points
+    sd = math.sqrt(k * p * (1 - p) * (n - 1 - k) / (n - 2)) / k / math.sqrt(n)
+    return [
+        check_close("cka_orthogonal_invariance", "hard", 1.0, linear_cka(x, x @ q), 1e-9),
+        check_close("cka_isotropic_scale_invariance", "hard", linear_cka(x, x @ q), linear_cka(3.7 * x, x @ q), 1e-9),
+        check_close("mutual_knn_self", "hard", 1.0, mutual_knn(x, x, k), 0.0),
+        check_close("mutual_knn_independent_gaussians", "hard", p, mutual_knn(a, b, k), 5 * sd,
+                    f"E = k/(n−1) = {p:.4f}; tolerance 5σ of the hypergeometric mean"),
+    ]
+
+
+# ---------------------------------------------------------------------------------- Track L
+_SUBJ = ("The old sailor", "A young doctor", "The small robot", "My neighbour", "The committee", "A tired student",
+         "The river", "An engineer", "The children", "A quiet librarian", "The city council", "Our teacher")
+_VERB = ("carefully repaired", "quickly forgot", "painted", "described", "refused to sell", "measured",
+         "celebrated", "carried", "studied", "explained")
+_OBJ = ("the broken bicycle.", "an ancient map.", "the quarterly budget.", "a strange noise at night.",
+        "the new bridge.", "their favourite song.", "a box of letters.", "the winter storm.")
+
+
+def _texts(n: int, rng: np.random.Generator) -> list[str]:
+    return [f"{_SUBJ[rng.integers(len(_SUBJ))]} {_VERB[rng.integers(len(_VERB))]} {_OBJ[rng.integers(len(_OBJ))]}"
+            for _ in range(n)]
+
+
+def _layer_means(model: Any, tok: Any, texts: list[str]) -> list[np.ndarray]:
+    import torch
+
+    enc = tok(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        hs = model(**enc, output_hidden_states=True).hidden_states
+    m = enc["attention_mask"].unsqueeze(-1).float()
+    # drop the first token: it is the attention sink whose few huge activations would dominate
+    # every mean-pooled vector (and make all late layers look identical)
+    m[:, 0] = 0.0
+    return [((h * m).sum(1) / m.sum(1)).double().numpy() for h in hs]
+
+
+def _track_l(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict[str, Any]]:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path = ctx.model_path()
+    rng = np.random.default_rng(seed)
+    texts = _texts(cfg.llm_texts, rng)
+    ctx.record_data("track_l_texts", "\n".join(texts))
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    served = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    hs = _layer_means(served, tok, texts)
+    torch.manual_seed(seed)
+    rand = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path))).eval()
+    hr = _layer_means(rand, tok, texts)
+    del rand
+    k = cfg.llm_knn_k
+    out: dict[str, Any] = {"model_path": str(path), "n_layers": len(hs) - 1,
+                           "served_vs_random_init": [{"cka": linear_cka(a, b), "mutual_knn": mutual_knn(l2n(a), l2n(b), k)}
+                                                     for a, b in zip(hs, hr, strict=True)]}
+    g = min(cfg.guard_layer + 1, len(hs) - 1)   # hidden_states[L + 1] = residual after block L
+    out["served_guard_layer_vs_all_layers_cka"] = [linear_cka(hs[g], h) for h in hs]
+    checks: list[Check] = [check_close("track_l_self_similarity", "hard", 1.0, linear_cka(hs[g], hs[g]), 1e-9)]
+    adapter = Path(cfg.safeguard_adapter) if cfg.safeguard_adapter else None
+    if adapter is not None and adapter.exists():
+        from peft import PeftModel
+
+        guard = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32),
+                                          str(adapter)).merge_and_unload().eval()
+        hg = _layer_means(guard, tok, texts)
+        out["served_vs_safeguard"] = [{"cka": linear_cka(a, b), "mutual_knn": mutual_knn(l2n(a), l2n(b), k)}
+                                      for a, b in zip(hs, hg, strict=True)]
+        sg, sr = out["served_vs_safeguard"][g]["mutual_knn"], out["served_vs_random_init"][g]["mutual_knn"]
+        checks.append(Check("safeguard_closer_than_random_init_at_guard_layer", "soft", "mkNN(safeguard) > mkNN(random)",
+                            [sg, sr], 0, sg > sr))
+    else:
+        out["served_vs_safeguard"] = (f"no safeguard adapter configured (safeguard_adapter={cfg.safeguard_adapter!r}); "
+                                      "set it to the guard's LoRA folder to compare")
+    # neighbouring trained layers resemble each other more than the same layer of an untrained net
+    adj = linear_cka(hs[g], hs[g - 1])
+    rnd = out["served_vs_random_init"][g]["cka"]
+    checks.append(Check("adjacent_layers_closer_than_random_init", "soft", "CKA(l, l−1) > CKA(served l, random l)",
+                        [adj, rnd], 0, adj > rnd))
+    return checks, out
+
+
+@register_suite("repsim", version=1, config=Config)
+def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
+    set_threads(1)
+    rng = np.random.default_rng(seed)
+    checks = _metric_unit_checks(rng, config.knn_k)
+    c, tv = _track_v(ctx, config, seed)
+    checks += c
+    metrics: dict[str, Any] = {"track_v": tv}
+    if config.llm_texts > 0:
+        ctx.progress(0.65, "Track L: served model layers")
+        c, tl = _track_l(ctx, config, seed)
+        checks += c
+        metrics["track_l"] = tl
+    metrics["headline_spearman_mutual_knn"] = tv["spearman"]["mutual_knn"]
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    fs = list(map(float, tv["per_overlap"]))
+    for key in ("mutual_knn", "cka", "transfer_asr"):
+        ax.plot(fs, [tv["per_overlap"][str(f)][key] for f in fs], "o-", label=key)
+    ax.set_xlabel("dataset overlap f")
+    ax.legend(fontsize=7)
+    ctx.save_figure("repsim_overlap.png", fig)
+    ctx.save_json("repsim_metrics.json", metrics)
+    reference = {"paper_resnet18_cifar100_dataset_overlap_0_to_1": {"mutual_knn": [0.184, 0.247], "cka": [0.455, 0.574]},
+                 "research_prototype_digits_mlp": {"mutual_knn": [0.675, 0.855], "cka": [0.926, 0.987],
+                                                   "transfer_asr": [0.333, 0.493]},
+                 "verified_against_paper": False}
+    ctx.progress(1.0, "done")
+    return ctx.result(metrics, reference, checks)
