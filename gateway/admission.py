@@ -100,7 +100,6 @@ class AdmissionController:
         self.local = _Local()
         self.held: dict[str, Slot] = {}          # member -> slot, for renewal and drain
         self._redis_down_until = 0.0
-        self._script: Any = None
         self._waiters = 0
         self._freed = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
@@ -227,11 +226,12 @@ class AdmissionController:
 
     async def _try_redis(self, tenant: str, quota: Quota, member: str) -> tuple[int, int]:
         assert self.redis is not None
-        if self._script is None:
-            self._script = self.redis.register_script(_ACQUIRE_LUA)
+        # Registered per call (cheap: it only hashes the source) so it always targets the current client;
+        # redis-py runs it with EVALSHA and loads it on the first NOSCRIPT.
+        script = self.redis.register_script(_ACQUIRE_LUA)
         now = time.time()
         async with asyncio.timeout(self.s.redis_timeout_s):
-            res = await self._script(
+            res = await script(
                 keys=[self._gkey(), self._tkey(tenant), self._rkey(tenant)],
                 args=[now, now + self.s.lease_ttl_s, member, self.s.max_in_flight, quota.max_in_flight,
                       quota.requests_per_minute or 0, math.ceil(self.s.lease_ttl_s * 4)],

@@ -60,13 +60,41 @@ def ops_settings_of(settings: Any) -> OpsSettings:
     return ops if isinstance(ops, OpsSettings) else OpsSettings()
 
 
-def make_redis(url: str, timeout_s: float) -> Any:
-    """An asyncio Redis client that fails fast: a slow Redis must read as a down Redis, not stall requests."""
-    import redis.asyncio as aioredis
+class LoopBoundRedis:
+    """A ``redis.asyncio`` client per event loop, behind one object.
 
-    return aioredis.Redis.from_url(
-        url, socket_timeout=max(timeout_s, 0.05), socket_connect_timeout=max(timeout_s, 0.05), retry_on_timeout=False
-    )
+    Async Redis connections belong to the loop that opened them. uvicorn runs one loop, but an app may
+    also be driven from several (test clients start a loop per request), and a client reused across
+    loops fails with an error that is not "Redis is down". Attribute access goes to the current loop's
+    client, created on first use; clients of closed loops are dropped.
+    """
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.url = url
+        self.timeout_s = max(timeout_s, 0.05)
+        self._clients: dict[asyncio.AbstractEventLoop, Any] = {}
+
+    def client(self) -> Any:
+        import redis.asyncio as aioredis
+
+        loop = asyncio.get_running_loop()
+        c = self._clients.get(loop)
+        if c is None:
+            for old in [lp for lp in self._clients if lp.is_closed()]:
+                del self._clients[old]
+            # Fail fast: a slow Redis must read as a down Redis, not stall requests.
+            c = aioredis.Redis.from_url(self.url, socket_timeout=self.timeout_s,
+                                        socket_connect_timeout=self.timeout_s, retry_on_timeout=False)
+            self._clients[loop] = c
+        return c
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client(), name)
+
+    async def aclose(self) -> None:
+        c = self._clients.pop(asyncio.get_running_loop(), None)
+        if c is not None:
+            await c.aclose()
 
 
 @dataclass
@@ -130,7 +158,7 @@ def install_ops(app: FastAPI, settings: Any, ops: OpsSettings | None = None) -> 
         raise RuntimeError("install_ops was already called on this app")
     ops = ops or ops_settings_of(settings)
     prefix = settings.redis.key_prefix
-    redis = make_redis(settings.redis.url, ops.admission.redis_timeout_s)
+    redis = LoopBoundRedis(settings.redis.url, ops.admission.redis_timeout_s)
     keys = KeyStore(redis, prefix)
     rt = OpsRuntime(
         app=app,

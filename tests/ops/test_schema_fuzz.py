@@ -5,6 +5,7 @@ with ``[DONE]``. Bounded: ``MAX_EXAMPLES`` per operation, derandomised so CI run
 from __future__ import annotations
 
 import tempfile
+import uuid
 from collections import defaultdict
 from pathlib import Path
 
@@ -13,15 +14,18 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from gateway.ops_config import OpsSettings
+from gateway.redis_local import reachable
 from tests.doubles import ScriptedEngine
-from tests.ops.conftest import dead_redis_url, make_app
+from tests.ops.conftest import REDIS_URL, dead_redis_url, make_app
 
 MAX_EXAMPLES = 25
 
-# Schemathesis reads the schema when this module is imported, so the app is built here (no Redis: the
-# admission controller falls back to per-process limits, which is itself part of what is exercised).
-APP, _ = make_app(ScriptedEngine(), Path(tempfile.mkdtemp(prefix="ng-fuzz-")), redis_url=dead_redis_url(),
-                  ops=OpsSettings())
+# Schemathesis reads the schema when this module is imported, so the app is built here. Its test client
+# runs every call on a fresh event loop, which the Redis-backed admission path must survive; without a
+# Redis the per-process fallback is what gets exercised. Admission keys expire on their own (lease TTL).
+APP, _ = make_app(ScriptedEngine(), Path(tempfile.mkdtemp(prefix="ng-fuzz-")),
+                  redis_url=REDIS_URL if reachable(REDIS_URL) else dead_redis_url(),
+                  prefix=f"ngtest-fuzz-{uuid.uuid4().hex[:8]}", ops=OpsSettings())
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 SEEN: dict[str, set[int]] = defaultdict(set)      # "METHOD path" -> statuses observed
 
@@ -57,6 +61,9 @@ def test_fuzz_reached_the_happy_path() -> None:
         pytest.skip("the fuzz test did not run in this session")
     assert 200 in SEEN["POST /v1/chat/completions"], dict(SEEN)
     assert 200 in SEEN["POST /v1/completions"], dict(SEEN)
+    if reachable(REDIS_URL):
+        # every call ran on its own loop; the limits stayed in Redis (no fallback was needed)
+        assert APP.state.ops.admission.shared
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
