@@ -268,17 +268,6 @@ class OpsMiddleware:
             )(scope, receive, send)
             return
 
-        # -- body with a hard cap ----------------------------------------------------------------
-        body = b""
-        if method in _BODY_METHODS:
-            try:
-                _check_length(scope, rt.settings.server.max_body_bytes)
-                body = await _read_body(receive, rt.settings.server.max_body_bytes)
-            except OpenAIError as e:
-                await _error_response(e)(scope, receive, send)
-                return
-            receive = _replay(body, receive)
-
         # -- who is calling ----------------------------------------------------------------------
         principal = Principal(tenant=rt.ops.default_tenant, key_id=None)
         if rt.auth is not None and not public:
@@ -296,6 +285,17 @@ class OpsMiddleware:
         state["tenant"] = principal.tenant
         state["guard_policy"] = view.guard_policy
         state["allow_guard_disable"] = view.allow_guard_disable
+
+        # -- body with a hard cap (after auth, so strangers cannot make us buffer) ---------------------
+        body = b""
+        if method in _BODY_METHODS:
+            try:
+                _check_length(scope, rt.settings.server.max_body_bytes)
+                body = await _read_body(receive, rt.settings.server.max_body_bytes)
+            except OpenAIError as e:
+                await _error_response(e)(scope, receive, send)
+                return
+            receive = _replay(body, receive)
 
         # -- admission ---------------------------------------------------------------------------
         slot: Slot | None = None
