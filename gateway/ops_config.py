@@ -80,7 +80,9 @@ class AdmissionSettings(BaseModel):
         gt=1,
         description="A slot in Redis expires unless renewed; a crashed replica's slots free themselves.",
     )
-    redis_timeout_s: float = Field(default=0.25, gt=0, description="Per Redis call; slower counts as Redis down.")
+    redis_timeout_s: float = Field(
+        default=1.0, gt=0, description="Per Redis call; slower counts as Redis down (includes event-loop lag under load)."
+    )
     redis_retry_s: float = Field(default=2.0, gt=0, description="After a Redis failure, use local limits this long.")
     paths: tuple[str, ...] = Field(
         default=("/v1/chat/completions", "/v1/completions", "/v1/moderations", "/v1/guard/score"),
