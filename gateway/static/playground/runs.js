@@ -187,7 +187,9 @@ async function renderRun(id) {
         plots.append(el("figure", {}, el("a", { href: url, target: "_blank" }, el("img", { src: url, alt: name, loading: "lazy" })),
           el("figcaption", {}, name)));
       } else {
-        const det = el("details", {}, el("summary", {}, el("a", { href: url, target: "_blank" }, name)));
+        // The summary toggles an inline view; the link beside it opens the raw file.
+        const det = el("details", {}, el("summary", {}, name, " ",
+          el("a", { href: url, target: "_blank", class: "small" }, "open ↗")));
         det.addEventListener("toggle", async () => {
           if (!det.open || det.dataset.loaded) return;
           det.dataset.loaded = "1";
