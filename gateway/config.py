@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gateway.ops_config import OpsSettings
 from guard.config import GuardSettings
 from inference.config import InferenceSettings
 from inference.embedded import nextguard_home
@@ -51,6 +52,7 @@ class Settings(BaseSettings):
     redis: RedisSettings = Field(default_factory=RedisSettings)
     guard: GuardSettings = Field(default_factory=GuardSettings)
     suites: SuiteSettings = Field(default_factory=SuiteSettings)
+    ops: OpsSettings = Field(default_factory=OpsSettings)
     allow_guard_disable: bool = Field(
         default=True, description="Requests may send guard.enabled=false (tenant policy can forbid it)."
     )

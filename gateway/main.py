@@ -9,17 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI
 
 from gateway import metrics
-from gateway.api.routes import chat, completions, guard_routes, health, models
+from gateway.api.routes import batches, chat, completions, guard_routes, health, models, playground, suites
 from gateway.config import Settings, get_settings
-from gateway.errors import OpenAIError, install_error_handlers
+from gateway.errors import install_error_handlers
+from gateway.ops import install_ops
 from gateway.serving.chat import ServingChat
 from gateway.serving.completions import ServingCompletion
 from guard.api import GuardPolicy, StreamGuard
@@ -127,27 +127,18 @@ def create_app(
     _set_engine(app, engine)
 
     install_error_handlers(app)
-
-    max_body = settings.server.max_body_bytes
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None:
-            try:
-                too_big = int(length) > max_body
-            except ValueError:
-                too_big = True
-            if too_big:
-                err = OpenAIError(413, f"Request body larger than {max_body} bytes.", code="request_too_large")
-                return JSONResponse(err.body(), status_code=413)
-        return await call_next(request)
-
+    # One pure-ASGI middleware (gateway/ops.py): body cap, auth and tenant, admission, stream timeouts,
+    # audit and drain. Pure ASGI rather than BaseHTTPMiddleware so streamed bodies and client
+    # disconnects pass through untouched.
+    install_ops(app, settings)
     for r in (
         chat.router,
         completions.router,
         models.router,
         guard_routes.router,
+        suites.router,
+        batches.router,
+        playground.router,
         health.router,
     ):
         app.include_router(r)

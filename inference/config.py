@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from inference.pbs_attn.config import PBSSettings
+
 
 class InferenceSettings(BaseModel):
     """How the in-process vLLM engine is built. Every field maps onto a vLLM engine argument or env var."""
@@ -35,6 +37,7 @@ class InferenceSettings(BaseModel):
     torch_threads: int | None = Field(default=None, ge=1, description="torch threads in this process (None = leave).")
     seed: int = 0
     log_stats: bool = Field(default=True, description="Keep vLLM's `vllm:*` Prometheus metrics.")
+    pbs: PBSSettings = Field(default_factory=PBSSettings, description="Prefill attention: dense or PBS-Attn.")
 
     @field_validator("model")
     @classmethod
