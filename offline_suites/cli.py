@@ -15,6 +15,12 @@ import time
 from typing import Any
 
 
+def _out(text: str, stream: Any = None) -> None:
+    """CLI output (stdout by default); the JSON result is always the last line written."""
+    (stream or sys.stdout).write(text + "\n")
+    (stream or sys.stdout).flush()
+
+
 def add_subcommands(subparsers: Any) -> None:
     suites = subparsers.add_parser("suites", help="offline evaluation suites")
     ssub = suites.add_subparsers(dest="suites_command", required=True)
@@ -55,10 +61,10 @@ def _list(args: argparse.Namespace) -> int:
 
     infos = [s.info() for s in list_suites()]
     if args.json:
-        pass
+        _out(json.dumps(infos, indent=1))
     else:
-        for _i in infos:
-            pass
+        for i in infos:
+            _out(f"{i['name']:<18} v{i['version']}  {i['description'][:90]}")
     return 0
 
 
@@ -109,7 +115,10 @@ def _run(args: argparse.Namespace) -> int:
     body = result.to_dict()
     if not args.json:
         for c in body["checks"]:
-            "PASS" if c["passed"] else "FAIL"
+            mark = "PASS" if c["passed"] else "FAIL"
+            _out(f"{mark} {c['kind']:<4} {c['name']}: observed={c['observed']} expected={c['expected']}")
+        _out(f"artifacts in {out}")
+    _out(json.dumps(body))
     return 0 if result.hard_passed else 1
 
 
@@ -127,9 +136,11 @@ def _submit(args: argparse.Namespace) -> int:
     with httpx.Client(timeout=60, headers=headers) as client:
         r = client.post(f"{base}/suites/{args.name}/runs", json=payload)
         if r.status_code >= 400:
+            _out(r.text, sys.stderr)
             return 2
         run = r.json()
         if args.no_wait:
+            _out(json.dumps(run))
             return 0
         bar = _progress_bar(f"{args.name} {run['id'][:8]}")
         while run["status"] in ("queued", "running"):
@@ -139,6 +150,7 @@ def _submit(args: argparse.Namespace) -> int:
             bar.set_postfix_str(f"{run['status']} {run.get('message', '')[:30]}")
             bar.refresh()
         bar.close()
+    _out(json.dumps(run))
     ok = run["status"] == "succeeded" and (run.get("result") or {}).get("summary", {}).get("hard_passed", False)
     return 0 if ok else 1
 

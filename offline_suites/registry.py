@@ -64,8 +64,10 @@ def register_suite(
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         doc = description or (fn.__module__ and (importlib.import_module(fn.__module__).__doc__ or ""))
-        suite = Suite(name=name, version=version, config_cls=config, fn=fn,
-                      description=(doc or "").strip().split("\n\n")[0].replace("\n", " "))
+        text = (doc or "").strip().split("\n\n")[0].replace("\n", " ")
+        if text.startswith(f"{name}:"):
+            text = text[len(name) + 1:].strip()
+        suite = Suite(name=name, version=version, config_cls=config, fn=fn, description=text)
         with _lock:
             if name in _suites:
                 raise DuplicateSuiteError(

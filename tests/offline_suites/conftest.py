@@ -17,10 +17,10 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 @pytest.fixture(scope="session")
 def suite_llm() -> Iterator[Any]:
     """One LLM client for every suite in the session: the real vLLM engine on the embedded model
-    (in-process core, starts in seconds), or the hash double with NEXTGUARD_TEST_SUITES_ENGINE=double."""
+    (in-process core, starts in seconds), or the hash double with SUITES_TEST_ENGINE=double."""
     from offline_suites.llm import BackgroundEngine
 
-    if os.environ.get("NEXTGUARD_TEST_SUITES_ENGINE", "real") == "double":
+    if os.environ.get("SUITES_TEST_ENGINE", "real") == "double":
         from tests.offline_suites.doubles import HashEngine
 
         bg = BackgroundEngine(HashEngine)
