@@ -103,10 +103,10 @@ def _theory_checks(rng: np.random.Generator) -> tuple[list[Check], dict[str, Any
     # thinking helps iff m > m*: the sign of ∂gain/∂r at r = 1, on random (m, d)
     wrong = 0
     for _ in range(200):
-        d = float(rng.uniform(1.5, 8))
-        m = float(math.exp(d / 2) * math.exp(rng.uniform(-2, 2)))
-        slope = (thinking_gain(m, 1 + 1e-6, d) - thinking_gain(m, 1.0, d)) / 1e-6
-        wrong += (slope > 0) != (m > math.exp(d / 2))
+        dim = float(rng.uniform(1.5, 8))
+        deg = float(math.exp(dim / 2) * math.exp(rng.uniform(-2, 2)))
+        slope = (thinking_gain(deg, 1 + 1e-6, dim) - thinking_gain(deg, 1.0, dim)) / 1e-6
+        wrong += (slope > 0) != (deg > math.exp(dim / 2))
     checks.append(Check("thinking_helps_iff_degree_above_critical", "hard", 0, wrong, 0, wrong == 0,
                         "200 random (m, d): sign of the thinking gain's slope at r = 1"))
     # the fitting code recovers known parameters from noiseless data

@@ -314,7 +314,7 @@ def score_traces(traces: list[Trace]) -> dict[str, Any]:
         passes.append(all(c == 1.0 for c in covs_s))
     calls = [c for tr in traces for c in tr.calls]
     msgs = sum(tr.assistant_messages for tr in traces)
-    r, p = float(np.mean(recall)), float(np.mean(precision))
+    rec_, prec_ = float(np.mean(recall)), float(np.mean(precision))
     nan = float("nan")
     return {
         "ic_micro_strict": float(np.mean(turn_cov_strict)), "ic_macro_strict": float(np.mean(macro_strict)),
@@ -323,7 +323,8 @@ def score_traces(traces: list[Trace]) -> dict[str, Any]:
         "task_pass_at_1": float(np.mean(passes)),
         "turn_coverage_at_1": float(np.mean([c == 1.0 for c in turn_cov_strict])),
         "numeric_points_covered": num_cov / num_pts if num_pts else nan,
-        "table_recall": r, "table_precision": p, "table_f1": 2 * r * p / (r + p) if r + p > 0 else 0.0,
+        "table_recall": rec_, "table_precision": prec_,
+        "table_f1": 2 * rec_ * prec_ / (rec_ + prec_) if rec_ + prec_ > 0 else 0.0,
         "tool_success_rate": sum(c["ok"] for c in calls) / len(calls) if calls else nan,
         "tool_parallelism": len(calls) / msgs if msgs else nan,
         "tool_calls": len(calls), "turns": len(turn_cov_strict), "tokens": sum(tr.tokens for tr in traces),
