@@ -175,21 +175,25 @@ class OpenAILLMClient:
             return list(pool.map(lambda m: self.chat(m, max_tokens=max_tokens, temperature=temperature,
                                                      seed=seed, stop=stop), conversations))
 
+    def _loglik(self, prompt: str, cont: str) -> float:
+        # echo + logprobs + max_tokens=0 returns the prompt's own token logprobs (lm-eval's recipe)
+        r = self._client.completions.create(model=self.model_id, prompt=prompt + cont, echo=True,
+                                            logprobs=0, max_tokens=0, temperature=0.0)
+        lp = r.choices[0].logprobs
+        if lp is None or lp.token_logprobs is None or lp.text_offset is None:
+            raise RuntimeError("gateway /v1/completions returned no echo logprobs")
+        # a token counts for the continuation when its span ends past the prompt, so a token BPE
+        # merged across the boundary is included — the same cut the engine client makes by prefix
+        offs = list(lp.text_offset)
+        ends = offs[1:] + [len(prompt + cont)]
+        return float(sum(v for end, v in zip(ends, lp.token_logprobs, strict=False)
+                         if end > len(prompt) and v is not None))
+
     def continuation_logprobs(self, prompt: str, continuations: Sequence[str]) -> list[float]:
-        out = []
-        for cont in continuations:
-            # echo + logprobs + max_tokens=0 returns the prompt's own token logprobs (lm-eval's recipe).
-            r = self._client.completions.create(model=self.model_id, prompt=prompt + cont, echo=True,
-                                                logprobs=0, max_tokens=0, temperature=0.0)
-            lp = r.choices[0].logprobs
-            if lp is None or lp.token_logprobs is None or lp.text_offset is None:
-                raise RuntimeError("gateway /v1/completions returned no echo logprobs")
-            total = 0.0
-            for off, val in zip(lp.text_offset, lp.token_logprobs, strict=False):
-                if off >= len(prompt) and val is not None:
-                    total += val
-            out.append(total)
-        return out
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(self._concurrency) as pool:
+            return list(pool.map(lambda c: self._loglik(prompt, c), continuations))
 
 
 class BackgroundEngine:
