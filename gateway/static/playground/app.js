@@ -36,12 +36,16 @@ async function loadFeatures() {
   try {
     const body = await getJson("v1/guard/features");
     for (const f of listOf(body, "features")) {
-      const prev = shared.features.get(f.id);
-      // A feature can be selected for several categories or gates; keep the first, but never lose a label.
-      shared.features.set(f.id, prev ? { ...f, ...prev, label: prev.label ?? f.label,
-        top_snippets: prev.top_snippets ?? f.top_snippets } : f);
+      // Keyed by "gate:id" (exact) and by id (any gate). A feature can be selected for several
+      // categories or gates: keep the first entry, but never lose a label or snippets.
+      for (const key of [f.gate ? `${f.gate}:${f.id}` : null, f.id]) {
+        if (key === null) continue;
+        const prev = shared.features.get(key);
+        shared.features.set(key, prev ? { ...f, ...prev, label: prev.label ?? f.label,
+          top_snippets: prev.top_snippets ?? f.top_snippets } : f);
+      }
     }
-    shared.featuresNote = `${shared.features.size} selected features`;
+    shared.featuresNote = `${listOf(body, "features").length} selected features`;
   } catch (e) {
     shared.featuresNote = `feature labels unavailable: ${e.message}`;
   }

@@ -325,7 +325,7 @@ export function cutCard(safety, featureInfo, { where, title } = {}) {
   if (feats.length) {
     const list = el("ol", { class: "features" });
     for (const f of feats) {
-      const info = featureInfo?.get(f.id);
+      const info = featureInfo?.get(`${gate}:${f.id}`) ?? featureInfo?.get(f.id);
       const li = el("li", {},
         el("code", {}, `#${f.id}`),
         el("span", { class: "act" }, `act ${fmt(f.activation, 2)}`),
