@@ -188,10 +188,15 @@ def per_token_cost(model: Any, tok: Any, layer: int, spec: MonitorSpec, n_tokens
 async def _streams(gen: BatchedGenerator, tok: Any, n: int, max_tokens: int, guard: Any | None) -> dict[str, Any]:
     async def one(i: int) -> tuple[int, bool]:
         p = PROMPTS[i % len(PROMPTS)]
-        text = tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        else:       # small test tokenizers have no chat template
+            text = "User: " + p + "\nAssistant:"
         ids = tok(text, add_special_tokens=False)["input_ids"]
         src = gen.generate(list(ids), max_tokens, f"b{i}")
-        it = guard.watch(p, src, GuardPolicy(hold_back=1)) if guard is not None else src
+        # score every token with hold-back 1 but never cut, so guarded and unguarded streams have the
+        # same length and the ratio measures the guard's cost, not its decisions
+        it = guard.watch(p, src, GuardPolicy(hold_back=1, response_threshold=float("inf"))) if guard is not None else src
         n_tok, cut = 0, False
         async for d in it:
             if isinstance(d, SafetyCut):
@@ -208,7 +213,7 @@ async def _streams(gen: BatchedGenerator, tok: Any, n: int, max_tokens: int, gua
 
 
 def run_bench(artifacts: str | Path, base_model: str | None = None, streams: int = 8, tokens: int = 64,
-              monitored: str = "lora", out: str | Path | None = None) -> dict[str, Any]:
+              monitored: str = "lora", out: str | Path | None = None, cost_tokens: int = 128) -> dict[str, Any]:
     import torch
 
     from guard.runner import load_guard_model
@@ -218,7 +223,7 @@ def run_bench(artifacts: str | Path, base_model: str | None = None, streams: int
     artifacts = Path(artifacts)
     model, tok, layer = load_model_for(artifacts, monitored, base_model)
     spec = MonitorSpec.load(artifacts / "monitors" / monitored, monitored)
-    cost = per_token_cost(model, tok, layer, spec)
+    cost = per_token_cost(model, tok, layer, spec, n_tokens=cost_tokens)
 
     gen_model, gen_tok = load_guard_model(resolve_base_model(base_model or read_manifest(artifacts)["base_model"]))
 
@@ -253,6 +258,8 @@ def run_bench(artifacts: str | Path, base_model: str | None = None, streams: int
         "mean_streams_per_guard_step": thr["guard_rows"] / max(thr["guard_steps"], 1),
         "cost_ratio": cost["ratio"], "cost_target": 0.55, "throughput_target": 0.75,
         "rounds": thr["rounds"], "torch_threads": torch.get_num_threads(),
+        "guard_policy": "hold_back=1, every token scored, threshold +inf (no cuts: equal stream lengths)",
+        "generator": "in-process batched greedy transformers loop (SlotRunner, full depth), not vLLM",
     }
     if out is not None:
         Path(out).write_text(json.dumps(res, indent=1))

@@ -263,9 +263,17 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
                     fs = format_sample(s.prompt, s.response)
                     lab[_onset_token(e.offsets, e.span, fs.char_start, oc):] = 1
                 labels.append(lab)
+            # plus the select split's own response samples, labelled at sample level on every token
+            extra = [s for s in sel_r if s.label == 1][:150]
+            for e in m.encode(extra):
+                encs.append(e)
+                labels.append(np.ones(e.span[1] - e.span[0]))
         else:
             encs = m.encode(sel_p)
             labels = [np.full(e.span[1] - e.span[0], s.label, dtype=float) for e, s in zip(encs, sel_p, strict=True)]
+        ys = np.concatenate(labels) if labels else np.zeros(0)
+        if ys.size == 0 or ys.min() == ys.max():
+            raise RuntimeError(f"probe baseline: the select split gives only one token class for the {gate} gate")
         probes[gate] = train_probe(encs, labels, cfg.seed)
     cal_p = [s for s in cal if s.gate == "prompt"]
     cal_r = [s for s in cal if s.gate == "response"]
@@ -411,6 +419,8 @@ def _plots(out: Path, pr: dict[str, Any], traces: dict[str, Any]) -> None:
         fig.savefig(out / f"pr_{gate}.png", dpi=110)
         plt.close(fig)
     for name, tr in traces.items():
+        if not tr:
+            continue
         fig, axes = plt.subplots(len(tr), 1, figsize=(7, 1.6 * max(len(tr), 1)), squeeze=False)
         for ax, t in zip(axes[:, 0], tr, strict=True):
             g = np.array(t["g"])

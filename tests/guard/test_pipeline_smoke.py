@@ -1,0 +1,55 @@
+"""The whole recipe end to end on a tiny model: build -> eval -> bench, through the real code paths."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.guard.test_production import _save_tiny
+from tests.guard.conftest import tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from guard.build import build
+
+    d = tmp_path_factory.mktemp("pipe")
+    _save_tiny("llama", d / "model", len(tiny_tokenizer()))
+    prov = build(d / "art", base_model=d / "model", preset="smoke", overrides={"layer": 1, "n_generated": 6, "max_tokens_per_sample": 400})
+    return d, prov
+
+
+def test_build_outputs(built):
+    d, prov = built
+    art = d / "art"
+    for f in ("manifest.json", "provenance.json", "sae/cfg.json", "lora/adapter_config.json",
+              "monitors/lora/features.json", "monitors/base/thresholds.json", "generated_benign.jsonl"):
+        assert (art / f).is_file(), f
+    assert prov["sae"]["architecture_saved"] == "jumprelu"
+    assert 0 < prov["sae"]["l0"] <= prov["config"]["sae_width"]
+    for split in ("select", "calib", "test"):
+        assert len(prov["data"]["splits"][split]["sha256"]) == 64
+    feats = json.loads((art / "monitors/lora/features.json").read_text())
+    assert 0 < len(feats["prompt"]["overall"]["ids"]) <= prov["config"]["top_k"]
+    assert all(w > 0 for w in feats["response"]["overall"]["weights"])
+
+
+def test_eval_and_bench_run(built, tmp_path):
+    from guard.bench import run_bench
+    from guard.evaluate import run_eval
+
+    d, _ = built
+    rep = run_eval(d / "art", tmp_path / "ev", base_model=str(d / "model"), limit=8, posthoc_stream_n=2)
+    assert rep["n"]["constructed_streams"] > 0
+    for name in ("nextguard-lora", "nextguard-base", "probe", "posthoc", "profanity"):
+        assert name in rep["summary"]
+    st = rep["monitors"]["lora"]["streaming"]["max"]
+    assert 0.0 <= st["cut_within_unsafe_span"] <= st["cut_rate"] + 1e-9
+    assert {"within_16", "within_32", "within_128", "tokens_leaked_mean", "false_cut_rate_benign"} <= set(st)
+    for f in ("report.json", "pr_prompt.png", "pr_response.png", "traces_lora.png"):
+        assert (tmp_path / "ev" / f).is_file()
+    res = run_bench(d / "art", base_model=str(d / "model"), streams=2, tokens=4, cost_tokens=8)
+    assert res["per_token"]["layers_monitor"] == 2 and res["per_token"]["layers_full"] == 3
+    assert res["cost_ratio"] > 0 and res["throughput_ratio_ids"] > 0
+    assert res["throughput_tok_s"]["unguarded"] > 0
