@@ -151,12 +151,19 @@ def _shot(pg: Any, name: str, full_page: bool = False) -> None:
 
 # ------------------------------------------------------------------------------ scripted gateway
 class LabelledGuard(ScriptedGuard):
-    """The scripted guard, publishing an auto-label and top snippets for feature 3 (as a guard build does)."""
+    """The scripted guard describing its features as NextGuard.describe_features does (per gate: overall
+    set and per-category sets), with an auto-label and top snippets on feature 3 as a guard build adds."""
 
-    def describe_features(self) -> list[dict[str, Any]]:
-        return [{"id": 3, "gate": "response", "category": "weapons", "weight": 1.0,
-                 "label": "explosives and detonators", "top_snippets": ["…pack the pipe with powder…"]},
-                {"id": 11, "gate": "response", "category": "weapons", "weight": 0.5}]
+    def describe_features(self) -> dict[str, Any]:       # type: ignore[override]
+        return {"mode": "max", "monitored": "lora",
+                "prompt": {"threshold": 0.5, "overall": [{"id": 7, "weight": 1.0}],
+                           "categories": {"test": {"threshold": 0.5, "features": [{"id": 7, "weight": 1.0}]}}},
+                "response": {"threshold": 0.5,
+                             "overall": [{"id": 3, "weight": 1.0, "label": "explosives and detonators",
+                                          "top_snippets": ["…pack the pipe with powder…"]},
+                                         {"id": 11, "weight": 0.5}],
+                             "categories": {"weapons": {"threshold": 0.5, "features": [{"id": 3, "weight": 1.0},
+                                                                                       {"id": 11, "weight": 0.5}]}}}}
 
 
 # A 1x1 PNG: enough to check that the run page loads plots from the artifacts endpoint.
@@ -304,7 +311,7 @@ def test_scripted_prompt_refusal(open_page: Any, scripted_server: str) -> None:
     assert turn.locator(".cut-marker .category").inner_text() == "test"
     card = turn.locator(".cut-card")
     assert card.get_attribute("data-gate") == "prompt" and "Prompt refused" in card.inner_text()
-    assert "#7" in card.locator("ol.features").inner_text()
+    assert "#7" in card.locator("ol.features").inner_text() and "test" in card.locator("ol.features").inner_text()
 
 
 def test_scripted_score_mode(open_page: Any, scripted_server: str) -> None:

@@ -32,10 +32,29 @@ async function loadStatus() {
   document.body.dataset.ready = shared.model ? "1" : "0";
 }
 
+/** GET /v1/guard/features as a flat list of {id, gate?, category?, weight?, label?, top_snippets?}.
+ *  Accepts the flat list, or the guard's nested description
+ *  {prompt|response: {overall: [{id, weight}], categories: {name: {features: [{id, weight}]}}}}. */
+function featureEntries(body) {
+  const f = body?.features ?? body;
+  if (Array.isArray(f)) return f;
+  const out = [];
+  for (const gate of ["prompt", "response"]) {
+    const g = f?.[gate];
+    if (!g || typeof g !== "object") continue;
+    // category entries first: they say which category a latent was selected for
+    for (const [category, c] of Object.entries(g.categories ?? {})) {
+      for (const x of c?.features ?? []) out.push({ ...x, gate, category });
+    }
+    for (const x of g.overall ?? []) out.push({ ...x, gate });
+  }
+  return out;
+}
+
 async function loadFeatures() {
   try {
     const body = await getJson("v1/guard/features");
-    for (const f of listOf(body, "features")) {
+    for (const f of featureEntries(body)) {
       // Keyed by "gate:id" (exact) and by id (any gate). A feature can be selected for several
       // categories or gates: keep the first entry, but never lose a label or snippets.
       for (const key of [f.gate ? `${f.gate}:${f.id}` : null, f.id]) {
@@ -45,7 +64,7 @@ async function loadFeatures() {
           top_snippets: prev.top_snippets ?? f.top_snippets } : f);
       }
     }
-    shared.featuresNote = `${listOf(body, "features").length} selected features`;
+    shared.featuresNote = `${new Set(featureEntries(body).map((f) => f.id)).size} selected features`;
   } catch (e) {
     shared.featuresNote = `feature labels unavailable: ${e.message}`;
   }
