@@ -370,8 +370,10 @@ def test_scripted_run_pages(open_page: Any, scripted_server: str) -> None:
 
 
 # ------------------------------------------------------------------------------ the real server
-# These use the session `server` (real vLLM + the NExT-Guard monitor on the embedded model).
-E2E = pytest.mark.e2e
+# These use the session `server` (real vLLM + the NExT-Guard monitor on the embedded model), marked
+# like the other e2e tests; the browser part adds a few seconds each.
+def E2E(fn: Callable[..., None]) -> Callable[..., None]:
+    return pytest.mark.e2e(pytest.mark.slow(fn))  # type: ignore[no-any-return]
 
 
 def _guard_ready(server: str) -> None:

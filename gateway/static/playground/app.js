@@ -65,11 +65,20 @@ async function loadFeatures() {
       }
     }
     shared.featuresNote = `${new Set(featureEntries(body).map((f) => f.id)).size} selected features`;
+    if (body?.guard) setGuardPill(`guard: ${body.guard}`, "pill ok");
   } catch (e) {
     shared.featuresNote = `feature labels unavailable: ${e.message}`;
+    // /ready reports an absent guard as fine when the deployment runs without one; the guard's own
+    // endpoint says so explicitly.
+    if (e.code === "guard_disabled") setGuardPill("guard: off on this deployment", "pill warn");
   }
+  document.getElementById("status-guard").title = shared.featuresNote;
+}
+
+function setGuardPill(text, cls) {
   const g = document.getElementById("status-guard");
-  g.title = shared.featuresNote;
+  g.textContent = text;
+  g.className = cls;
 }
 
 function route() {
