@@ -280,6 +280,23 @@ def test_scripted_stream_colours_every_token_and_marks_the_cut(open_page: Any, s
     assert sent[-1]["guard"] == {"include_scores": True}      # empty fields: the deployment's policy
 
 
+def test_sse_parser_survives_any_chunking(open_page: Any, scripted_server: str) -> None:
+    """The page's SSE reader, fed one byte at a time: CRLF split across reads, multi-byte UTF-8 split,
+    multi-line data, comments, bare-CR line ends; an event cut off by the end of the stream is dropped
+    (as the SSE spec says)."""
+    pg = open_page(scripted_server)
+    out = pg.evaluate("""async () => {
+        const { sseData } = await import("./playground/static/sse.js");
+        const bytes = new TextEncoder().encode(
+            'data: {"a":"é€😀"}\\r\\n\\r\\ndata: x\\ndata: y\\n\\n: comment\\n\\nevent: e\\ndata:[DONE]\\r\\rdata: tail');
+        const body = new ReadableStream({ start(c) { for (const b of bytes) c.enqueue(new Uint8Array([b])); c.close(); } });
+        const got = [];
+        for await (const d of sseData(new Response(body))) got.push(d);
+        return got;
+    }""")
+    assert out == ['{"a":"é€😀"}', "x\ny", "[DONE]"]
+
+
 def test_scripted_policy_controls_reach_the_request(open_page: Any, scripted_server: str) -> None:
     pg = open_page(scripted_server)
     sent: list[dict[str, Any]] = []

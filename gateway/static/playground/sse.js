@@ -32,7 +32,7 @@ export async function* sseData(response) {
       buf = buf.slice(start);
       if (done) break;
     }
-    if (data.length) yield data.join("\n");   // a stream that ended without the final blank line
+    // Per the spec, an event not closed by a blank line before the end of the stream is discarded.
   } finally {
     reader.releaseLock();
   }
