@@ -103,7 +103,7 @@ class IncrementalRetokenizer:
 @dataclass
 class _Job:
     slot: int
-    ids: list[int]
+    ids: list[int] | None          # None: free the slot once everything queued before has run
     fut: asyncio.Future[Any]
 
 
@@ -144,10 +144,13 @@ class GuardEngine:
             return int(self.runner.alloc())
 
     async def release(self, slot: int) -> None:
-        self.runner.free(slot)
-        if self._slot_free is not None:
-            async with self._slot_free:
-                self._slot_free.notify()
+        """Free a slot *through the queue*: a stream cancelled while its forward is queued must not hand
+        its slot to a new stream before that forward has run (it would write into the new KV cache)."""
+        self._ensure()
+        assert self._queue is not None
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Job(slot, None, fut))
+        await fut
 
     async def forward(self, slot: int, ids: Sequence[int]) -> Any:
         """Residual rows (len(ids), d_model) after layer L for new tokens of a slot."""
@@ -166,34 +169,50 @@ class GuardEngine:
             jobs = [first]
             while not q.empty() and len(jobs) < 4 * self.max_batch:
                 jobs.append(q.get_nowait())
+            frees = [j for j in jobs if j.ids is None]
+            jobs = [j for j in jobs if j.ids is not None]
             # one entry per slot (merge successive jobs of a slot), at most max_batch slots per step
             order: list[int] = []
             merged: dict[int, list[_Job]] = {}
+            deferred: set[int] = set()
             for j in jobs:
                 if j.slot not in merged:
                     if len(order) >= self.max_batch:
-                        await q.put(j)
+                        deferred.add(j.slot)
+                        q.put_nowait(j)
                         continue
                     order.append(j.slot)
                     merged[j.slot] = []
                 merged[j.slot].append(j)
-            batch = [(s, [t for j in merged[s] for t in j.ids]) for s in order]
+            for j in [f for f in frees if f.slot in deferred]:
+                q.put_nowait(j)         # its slot still has queued work: free it after that
+            frees = [f for f in frees if f.slot not in deferred]
+            batch = [(s, [t for j in merged[s] for t in (j.ids or [])]) for s in order]
             try:
-                outs = await loop.run_in_executor(self._pool, self.runner.step, batch)
+                outs = await loop.run_in_executor(self._pool, self.runner.step, batch) if batch else []
                 self.steps += 1
                 self.batched_rows += len(batch)
                 for s, out in zip(order, outs, strict=True):
                     k = 0
                     for j in merged[s]:
+                        n = len(j.ids or [])
                         if not j.fut.done():
-                            j.fut.set_result(out[k:k + len(j.ids)])
-                        k += len(j.ids)
+                            j.fut.set_result(out[k:k + n])
+                        k += n
             except Exception as e:
                 # every waiting stream gets the error and applies its policy; the loop itself lives on
                 for s in order:
                     for j in merged[s]:
                         if not j.fut.done():
                             j.fut.set_exception(GuardError(f"{type(e).__name__}: {e}"))
+            if frees:
+                for j in frees:
+                    self.runner.free(j.slot)
+                    if not j.fut.done():
+                        j.fut.set_result(None)
+                assert self._slot_free is not None
+                async with self._slot_free:
+                    self._slot_free.notify(len(frees))
 
     async def close(self) -> None:
         if self._task is not None:

@@ -37,17 +37,20 @@ class FakeRunner:
         self.max_slots = max_slots
         self._lens: dict[int, int] = {}
         self.batches: list[int] = []
+        self.events: list[tuple[str, int]] = []     # ("alloc"|"step"|"free", slot), in order
         self.fail = fail
 
     def alloc(self) -> int:
         for i in range(self.max_slots):
             if i not in self._lens:
                 self._lens[i] = 0
+                self.events.append(("alloc", i))
                 return i
         raise RuntimeError("busy")
 
     def free(self, slot: int) -> None:
         self._lens.pop(slot, None)
+        self.events.append(("free", slot))
 
     def length(self, slot: int) -> int:
         return self._lens[slot]
@@ -62,6 +65,8 @@ class FakeRunner:
         self.batches.append(len(batch))
         out = []
         for s, ids in batch:
+            assert s in self._lens, f"step on freed slot {s}"
+            self.events.append(("step", s))
             self._lens[s] += len(ids)
             out.append(self.E[torch.tensor(list(ids), dtype=torch.long)].clone())
         return out

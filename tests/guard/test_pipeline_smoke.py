@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tests.guard.test_production import _save_tiny
 from tests.guard.conftest import tiny_tokenizer
+from tests.guard.test_production import _save_tiny
 
 
 @pytest.fixture(scope="module")

@@ -203,3 +203,25 @@ async def test_prompt_gate_score_text_and_moderation(tok, tmp_path):
     assert [m["flagged"] for m in mods] == [False, True]
     assert mods[1]["categories"]["violence"] and mods[1]["category_scores"]["violence"] > 0.5
     assert mods[0]["category_scores"]["violence"] < 0.5
+
+
+async def test_cancelled_stream_frees_its_slot_only_after_its_queued_forward(tok, tmp_path):
+    """A client that disconnects mid-forward must not let a new stream reuse a slot its job still writes."""
+    g, runner, _ = make_guard(tok, tmp_path, max_batch=1)
+    ds = _deltas(TEXT_SAFE, tok, max_chunk=1)
+
+    async def slow():
+        for d in ds:
+            await asyncio.sleep(0)
+            yield d
+
+    it = g.watch("tell me a story", slow(), GuardPolicy()).__aiter__()
+    await it.__anext__()
+    await it.aclose()                       # disconnect: the slot goes back through the queue
+    out = await _collect(g, ds)             # max_batch=1: this stream must wait for that slot
+    assert out == ds
+    assert runner.n_active == 0
+    # slot 0 served both streams, one after the other: never stepped between its free and re-alloc
+    ev = [e for e, s in runner.events if s == 0]
+    assert ev.count("alloc") == 2 and ev.count("free") == 2
+    assert ev[ev.index("free") + 1] == "alloc"
