@@ -27,20 +27,16 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from redis.exceptions import RedisError
 
 from gateway.errors import OpenAIError
 from gateway.ops_config import ADMIN_TENANT, AuthSettings
 
 KEY_PREFIX = "ngk_"
 
-# Errors that mean "Redis is not answering", as opposed to a bug in our own call.
-try:
-    from redis.exceptions import ConnectionError as _RedisConnectionError
-    from redis.exceptions import TimeoutError as _RedisTimeoutError
-
-    REDIS_DOWN: tuple[type[BaseException], ...] = (_RedisConnectionError, _RedisTimeoutError, OSError, TimeoutError)
-except ImportError:  # pragma: no cover - redis is a hard dependency
-    REDIS_DOWN = (OSError, TimeoutError)
+# Errors that mean "Redis cannot serve us right now": unreachable, slow, or refusing commands (e.g. OOM,
+# read-only replica). Every one of them degrades to the local fallback instead of failing the request.
+REDIS_DOWN: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
 
 
 def hash_key(key: str) -> str:
