@@ -135,7 +135,7 @@ def capture_qkv(model: Any, ids: Tensor, layers: list[int]) -> dict[int, tuple[T
     model.set_attn_implementation(CAPTURE_NAME)
     try:
         with torch.no_grad(), truncated(model, max(layers) + 1):
-            model.model(ids, use_cache=False)
+            model.model(ids, use_cache=False, logits_to_keep=1)
     finally:
         model.set_attn_implementation(previous)
     return store
@@ -269,12 +269,12 @@ def e2e_section(lengths: list[int], settings: PBSSettings) -> list[dict[str, Any
         ids = corpus_ids(tok, n)
         with torch.no_grad():
             model.set_attn_implementation(name)
-            model(ids[:, :1024], use_cache=False)  # compile warm-up
+            model(ids[:, :1024], use_cache=False, logits_to_keep=1)  # compile warm-up
             stats.reset()
-            pbs_s = _timed(functools.partial(model, ids, use_cache=False))
+            pbs_s = _timed(functools.partial(model, ids, use_cache=False, logits_to_keep=1))
             pbs_calls = stats.pbs
             model.set_attn_implementation("sdpa")
-            dense_s = _timed(functools.partial(model, ids, use_cache=False))
+            dense_s = _timed(functools.partial(model, ids, use_cache=False, logits_to_keep=1))
         del model
         row = {
             "len": n,
@@ -350,7 +350,7 @@ def curves_section(settings: PBSSettings, n: int = 8192) -> dict[str, Any]:
     }
 
 
-def quality_section(settings: PBSSettings, n: int = 8192, prompts: int = 4) -> dict[str, Any]:
+def quality_section(settings: PBSSettings, n: int = 8192, prompts: int = 3) -> dict[str, Any]:
     """First generated token after a long document + question: dense vs PBS distributions."""
     from inference.pbs_attn.hf import register_hf_attention
 
@@ -359,7 +359,7 @@ def quality_section(settings: PBSSettings, n: int = 8192, prompts: int = 4) -> d
     question = "\n\nSummarize the documentation above in one sentence."
     kls, agree = [], []
     for p in range(prompts):
-        doc = tok.decode(corpus_ids(tok, n - 64, offset=p * 9000)[0])
+        doc = tok.decode(corpus_ids(tok, n - 64, offset=p * (n + 808))[0])
         ids = tok.apply_chat_template(
             [{"role": "user", "content": doc + question}], add_generation_prompt=True, return_tensors="pt"
         )
@@ -367,9 +367,13 @@ def quality_section(settings: PBSSettings, n: int = 8192, prompts: int = 4) -> d
         ids = ids[:, -n:]
         with torch.no_grad():
             model.set_attn_implementation("sdpa")
-            dense = torch.log_softmax(model(ids, use_cache=False).logits[0, -1].double(), -1)
+            dense = torch.log_softmax(
+                model(ids, use_cache=False, logits_to_keep=1).logits[0, -1].double(), -1
+            )
             model.set_attn_implementation(name)
-            sparse = torch.log_softmax(model(ids, use_cache=False).logits[0, -1].double(), -1)
+            sparse = torch.log_softmax(
+                model(ids, use_cache=False, logits_to_keep=1).logits[0, -1].double(), -1
+            )
         kls.append(torch.sum(dense.exp() * (dense - sparse)).item())
         agree.append(bool(dense.argmax() == sparse.argmax()))
     row = {
@@ -445,9 +449,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--e2e-lengths", type=int, nargs="*", default=[4096, 8192, 16384])
     ap.add_argument(
-        "--layers", type=int, nargs="*", default=[2, 9, 16], help="SmolLM2 layers timed in the op rows"
+        "--layers", type=int, nargs="*", default=[4, 14, 24], help="SmolLM2 layers timed in the op rows"
     )
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument(
+        "--curve-len", type=int, default=8192, help="length of the density/recall and quality runs"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--threshold", type=float, default=0.9)
     ap.add_argument("--out", type=Path, default=Path("results/pbs_attn"))
@@ -469,21 +476,26 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
     }
     t0 = time.perf_counter()
-    gpu_rows: list[dict[str, Any]] = []
-    report["op"] = op_section(lengths, args.layers, settings, args.reps, gpu_rows)
-    if gpu_rows:
-        report["op_gpu"] = gpu_rows
-    if not args.quick:
-        report["curves"] = curves_section(settings)
-        report["quality"] = quality_section(settings)
-        report["e2e"] = e2e_section(args.e2e_lengths, settings)
-        report["guard"] = {"done": False, "why": "no trained guard artifact loadable from the benchmark"}
-    if not torch.cuda.is_available():
-        report["op_gpu"] = "not run: no CUDA device in this run"
-    report["wall_s"] = round(time.perf_counter() - t0, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "pbs_bench_quick" if args.quick else "pbs_bench"
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+
+    def save() -> None:
+        # Written after every section so a long run that is cut short still leaves its measurements.
+        report["wall_s"] = round(time.perf_counter() - t0, 1)
+        (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+
+    gpu_rows: list[dict[str, Any]] = []
+    report["op"] = op_section(lengths, args.layers, settings, args.reps, gpu_rows)
+    report["op_gpu"] = gpu_rows if gpu_rows else "not run: no CUDA device in this run"
+    save()
+    if not args.quick:
+        report["curves"] = curves_section(settings, args.curve_len)
+        save()
+        report["quality"] = quality_section(settings, args.curve_len)
+        save()
+        report["guard"] = {"done": False, "why": "no trained guard artifact loadable from the benchmark"}
+        report["e2e"] = e2e_section(args.e2e_lengths, settings)
+    save()
     plot(report, args.out / f"{stem}.png")
     _log(f"wrote {args.out / (stem + '.json')} and .png")
     summary = [{k: r[k] for k in ("len", "speedup_vs_sdpa", "recall", "density")} for r in report["op"]]
