@@ -124,9 +124,9 @@ def segment_permutation(
     logits = logits.view(bsz, hkv, group, n_last, n)
     # Causal on original positions: unlike the reference code we do not let the last block see its
     # own future keys; it changes nothing but the last block and keeps the proxy a true attention.
-    q_pos = torch.arange(n - n_last, n, device=q.device)
-    future = torch.arange(n, device=q.device)[None, :] > q_pos[:, None]
-    logits.masked_fill_(future, float("-inf"))
+    # Only the last n_last key columns can lie in the future of these queries.
+    tail = torch.ones(n_last, n_last, dtype=torch.bool, device=q.device).triu(1)
+    logits[..., n - n_last :].masked_fill_(tail, float("-inf"))
     importance = torch.softmax(logits, dim=-1).mean(dim=-2)  # (b, hkv, group, n)
     importance = importance.mean(dim=2) if gqa == "shared" else importance.reshape(bsz, hq, n)
     head = importance[..., : n_seg * segment_size].reshape(bsz, perm_heads, n_seg, segment_size)
