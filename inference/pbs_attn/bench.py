@@ -9,7 +9,8 @@ Sections (all CPU here; GPU rows when CUDA is present):
 3. **curves**: density vs recall for τ ∈ {0.8, 0.9, 0.95}, with and without permutation, on every layer
    of SmolLM2 at 8K and on the planted heavy-hitter generator.
 4. **quality**: first-token KL(dense || PBS) and top-1 agreement on long prompts (8K).
-5. **guard**: dense-vs-PBS guard verdict agreement -- only if a guard artifact is available.
+5. **guard**: dense-vs-PBS guard verdict agreement is *not* run here (inference must not import guard;
+   see the report's ``guard`` entry for how guard's own benchmark can do it).
 
 Inputs are real text: docstrings of the Python standard library (present on every machine that runs
 this), tokenised with the SmolLM2 tokenizer. SmolLM2 was trained to 8192 positions; for longer inputs
@@ -493,7 +494,14 @@ def main(argv: list[str] | None = None) -> int:
         save()
         report["quality"] = quality_section(settings, args.curve_len)
         save()
-        report["guard"] = {"done": False, "why": "no trained guard artifact loadable from the benchmark"}
+        report["guard"] = {
+            "done": False,
+            "why": (
+                "layering: inference/ must not import guard/. The guard's llama path (guard.runner.SlotRunner) "
+                "computes attention itself, so PBS reaches it only via HFRunner on a model loaded with "
+                "attn_implementation=register_hf_attention(...); that comparison belongs in guard's benchmark"
+            ),
+        }
         report["e2e"] = e2e_section(args.e2e_lengths, settings)
     save()
     plot(report, args.out / f"{stem}.png")
