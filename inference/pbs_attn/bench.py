@@ -167,16 +167,17 @@ def op_row(
 ) -> dict[str, Any]:
     """Dense SDPA vs PBS on each captured layer; alternating order per rep, medians over reps."""
     flex = get_backend(backend)
-    kw = {
-        "threshold": settings.threshold,
-        "segment_size": settings.segment_size,
-        "block_size": settings.block_size,
-    }
 
     def pbs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Any, float]:
         _sync()
         t0 = time.perf_counter()
-        plan = make_plan(q, k, **kw)
+        plan = make_plan(
+            q,
+            k,
+            threshold=settings.threshold,
+            segment_size=settings.segment_size,
+            block_size=settings.block_size,
+        )
         _sync()
         t_plan = time.perf_counter() - t0
         return flex(q, k, v, plan), plan, t_plan
@@ -196,7 +197,7 @@ def op_row(
                 order = ("dense", "pbs") if rep % 2 == 0 else ("pbs", "dense")
                 for which in order:
                     if which == "dense":
-                        dense_t[i].append(_timed(lambda q=q, k=k, v=v: dense_causal(q, k, v)))
+                        dense_t[i].append(_timed(functools.partial(dense_causal, q, k, v)))
                     else:
                         _sync()
                         t0 = time.perf_counter()

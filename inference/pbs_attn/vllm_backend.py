@@ -61,7 +61,8 @@ def split_requests(
     """Decide per request; ``query_start_loc`` has ``num_reqs + 1`` entries (CPU ints)."""
     from inference.pbs_attn.api import use_dense
 
-    pbs, dense = [], []
+    pbs: list[int] = []
+    dense: list[int] = []
     for i, seq_len in enumerate(seq_lens):
         q_len = int(query_start_loc[i + 1]) - int(query_start_loc[i])
         fresh = q_len == int(seq_len) and q_len > 1  # context_len == 0
