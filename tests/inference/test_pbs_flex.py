@@ -10,7 +10,7 @@ from inference.pbs_attn.algorithm import token_key_mask
 from inference.pbs_attn.flex_cpu import build_block_mask, flex_pbs_attention
 from inference.pbs_attn.reference import masked_attention_fp64, pbs_reference
 from inference.pbs_attn.synthetic import heavy_hitter_qkv
-from tests.inference.pbs_tolerances import FP32_ATOL, FP32_RTOL, LOWP_FLOOR, RATIO  # noqa: TID251
+from tests.inference.pbs_tolerances import FP32_ATOL, FP32_RTOL, LOWP_FLOOR, RATIO
 
 RAGGED = [256, 257, 511, 97, 1025]
 
