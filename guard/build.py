@@ -347,7 +347,11 @@ def train_sae(acts: Any, d_in: int, cfg: BuildConfig) -> tuple[Any, dict[str, An
     with tempfile.TemporaryDirectory() as d:
         trained.save_inference_model(d)
         inf = load_sae(d)
+    ema_thr = float(inf.threshold.detach()[0])
+    with torch.no_grad():
+        inf.threshold.fill_(batchtopk_threshold(inf, train[: min(len(train), 40 * bs)], cfg.sae_k, bs))
     m: dict[str, Any] = dict(sae_metrics(inf, val))
+    m["ema_threshold"] = ema_thr
     m.update({"train_tokens": int(total), "train_seconds": secs, "threshold": float(inf.threshold.detach()[0]),
               "architecture_trained": "batchtopk", "architecture_saved": inf.cfg.architecture()})
     return inf, m
@@ -437,6 +441,102 @@ def save_monitor(dir_: Path, sae: Any, feats: dict[str, GateFeatures], th: Thres
     SelectedEncoder.from_sae(sae, ids).save(dir_)
     (dir_ / "features.json").write_text(json.dumps({g: f.to_dict() for g, f in feats.items()} | {"info": info}, indent=1))
     th.save(dir_ / "thresholds.json")
+
+
+def select_monitors(out: Path, sae: Any, bd: BuildData, cfg: BuildConfig, models: dict[str, Any], tok: Any,
+                    timings: dict[str, float]) -> dict[str, Any]:
+    from guard.runner import make_runner
+
+    monitors: dict[str, Any] = {}
+    for name, model in models.items():
+        t = time.time()
+        r = make_runner(model, cfg.layer, max_slots=16, max_len=8192)
+        enc_sel = encode_samples(r, tok, bd.select, cfg.max_tokens_per_sample)
+        enc_cal = encode_samples(r, tok, bd.calib, cfg.max_tokens_per_sample)
+        feats, th, m = select_and_calibrate(sae, enc_sel, bd.select, enc_cal, bd.calib, cfg)
+        # the reference code's global-sigma variant, calibrated the same way, for comparison only
+        _, _, m_glob = select_and_calibrate(sae, enc_sel, bd.select, enc_cal, bd.calib, cfg, sigma="global")
+        m["global_sigma_comparison"] = {g: m_glob[g]["calibration"] for g in ("prompt", "response")}
+        save_monitor(out / "monitors" / name, sae, feats, th, {"monitored": name, "layer": cfg.layer})
+        monitors[name] = m
+        timings[f"select_{name}"] = time.time() - t
+    return monitors
+
+
+def batchtopk_threshold(sae: Any, acts: Any, k: float, batch: int = 2048) -> float:
+    """The JumpReLU threshold a BatchTopK SAE implies: per batch, the smallest of the k x batch largest
+    (ReLU'd) pre-activations, averaged over batches. sae-lens tracks this with an EMA (rate 0.01) that
+    is far from converged after a CPU-sized run (~150 steps), which left L0 ~5x too high, so we take
+    the converged statistic directly on training activations."""
+    import torch
+
+    vals = []
+    with torch.no_grad():
+        for i in range(0, acts.shape[0] - batch + 1, batch):
+            x = acts[i:i + batch].float() - sae.b_dec * float(sae.cfg.apply_b_dec_to_input)
+            pre = torch.relu(x @ sae.W_enc + sae.b_enc).flatten()
+            top = torch.topk(pre, int(k * batch)).values
+            vals.append(float(top[top > 0].min()))
+    if not vals:
+        raise ValueError(f"need at least {batch} activations to set the BatchTopK threshold")
+    return float(np.mean(vals))
+
+
+def reselect(out_dir: str | Path, base_model: str | Path | None = None) -> dict[str, Any]:
+    """Repair step for an existing build: re-set the SAE's JumpReLU threshold with
+    :func:`batchtopk_threshold` on fresh base-model activations, then redo selection and
+    calibration for every monitor. Same data, seeds and splits as the build (hash-checked)."""
+    import torch
+
+    from guard.runner import load_guard_model, make_runner
+    from guard.sae import load_sae, sae_metrics, save_sae
+
+    out = Path(out_dir)
+    prov = json.loads((out / "provenance.json").read_text())
+    c = dict(prov["config"])
+    c["splits"], c["monitored"] = tuple(c["splits"]), tuple(c["monitored"])
+    cfg = BuildConfig(**c)
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    if base_model is None:
+        from inference.embedded import ensure_embedded_model
+
+        base_model = ensure_embedded_model()
+    gen = [D.Sample(**json.loads(x)) for x in (out / "generated_benign.jsonl").read_text().splitlines() if x]
+    bd = assemble_data(cfg, gen)
+    if D.data_hash(bd.select) != prov["data"]["splits"]["select"]["sha256"]:
+        raise RuntimeError("rebuilt select split differs from the build's; run a full build instead")
+    base, tok = load_guard_model(base_model)
+    timings: dict[str, float] = {}
+    t = time.time()
+    corpus = D.corpus_texts()
+    texts = [x for v in corpus.values() for x in v]
+    texts += [format_sample(s.prompt, s.response).text for s in bd.select + bd.calib]
+    fresh = sae_training_activations(make_runner(base, cfg.layer, max_slots=16, max_len=8192), tok, texts,
+                                     replace(cfg, seed=cfg.seed + 100, sae_collect_tokens=40_000))
+    half = fresh.shape[0] // 2
+    sae = load_sae(out / "sae")
+    old = {k: prov["sae"][k] for k in ("variance_explained", "l0", "dead_fraction", "threshold")}
+    thr = batchtopk_threshold(sae, fresh[:half], cfg.sae_k)
+    with torch.no_grad():
+        sae.threshold.fill_(thr)
+    m = sae_metrics(sae, fresh[half:])
+    timings["rethreshold"] = time.time() - t
+    save_sae(sae, out / "sae")
+    _shrink_sae(out / "sae")
+    sae = load_sae(out / "sae")            # select with exactly the weights that are committed
+    lora, _ = load_guard_model(base_model, out / "lora")
+    monitors = select_monitors(out, sae, bd, cfg, {"lora": lora, "base": base}, tok, timings)
+    prov["sae"].update({**m, "threshold": thr, "threshold_rule": "batchtopk_threshold (converged), see reselect()",
+                        "before_rethreshold": old})
+    prov["monitors"] = monitors
+    prov["timings_s"].update({f"reselect_{k}": v for k, v in timings.items()})
+    prov["reselected"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    (out / "provenance.json").write_text(json.dumps(prov, indent=1, default=str))
+    from guard.bundle import write_manifest
+
+    write_manifest(out, "embedded", "lora", cfg.layer, list(cfg.monitored))
+    return prov
 
 
 # ------------------------------------------------------------------------------------------------
@@ -555,20 +655,8 @@ def build(
         }
 
     # 4. selection + calibration per monitored model
-    monitors: dict[str, Any] = {}
-    for name in cfg.monitored:
-        t = time.time()
-        model = merged if name == "lora" else base
-        r = make_runner(model, cfg.layer, max_slots=16, max_len=8192)
-        enc_sel = encode_samples(r, tok, bd.select, cfg.max_tokens_per_sample)
-        enc_cal = encode_samples(r, tok, bd.calib, cfg.max_tokens_per_sample)
-        feats, th, m = select_and_calibrate(sae, enc_sel, bd.select, enc_cal, bd.calib, cfg)
-        # the reference code's global-sigma variant, calibrated the same way, for comparison only
-        _, _, m_glob = select_and_calibrate(sae, enc_sel, bd.select, enc_cal, bd.calib, cfg, sigma="global")
-        m["global_sigma_comparison"] = {g: m_glob[g]["calibration"] for g in ("prompt", "response")}
-        save_monitor(out / "monitors" / name, sae, feats, th, {"monitored": name, "layer": cfg.layer})
-        monitors[name] = m
-        timings[f"select_{name}"] = time.time() - t
+    models = {name: (merged if name == "lora" else base) for name in cfg.monitored}
+    monitors = select_monitors(out, sae, bd, cfg, models, tok, timings)
 
     prov = {
         "config": asdict(cfg), "preset": preset, "base_model": str(base_model),
