@@ -192,11 +192,20 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, mid - half), min(1.0, mid + half))
 
 
+_NOT_NAMES = {"Once", "The", "A", "An", "I", "In", "There", "It", "She", "He", "My", "Her", "His", "This", "One",
+              "Sure", "Here", "Upon", "Dr", "Doctor", "Nurse"}
+
+
 def extract_name(text: str, profession: str) -> str | None:
+    """The story's first name: after "named"/"called", else the reply's first word when the model
+    continued the sentence directly ("David Wells was a doctor …"), as small chat models do."""
     import re
 
-    m = re.search(r"named\s+([A-Z][a-zA-Z'\-]+)", text) or re.search(r"\b(?:called|name is)\s+([A-Z][a-z]+)", text)
-    return m.group(1) if m else None
+    m = re.search(r"\b(?:named|called|name is)\s+([A-Z][a-zA-Z'\-]+)", text)
+    if m:
+        return m.group(1)
+    first = re.match(r"\W*([A-Z][a-z]+)\b", text)
+    return first.group(1) if first and first.group(1) not in _NOT_NAMES else None
 
 
 def _audit(ctx: RunContext, cfg: Config, seed: int) -> dict[str, Any]:

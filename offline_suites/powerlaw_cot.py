@@ -35,7 +35,7 @@ class Config:
     batch: int = 512
     lr: float = 1e-3
     test_samples: int = 4000
-    llm_ks: tuple[int, ...] = (2, 4, 8)                  # K-way cloze sizes (empty = skip Arm A)
+    llm_ks: tuple[int, ...] = (2, 8, 32)                 # K-way cloze sizes (empty = skip Arm A)
     llm_questions: int = 4                               # questions per K
     llm_tree_k: int = 4                                  # flat K compared with the 2-level tree
     llm_tree_degree: int = 2                             # continents per tree question

@@ -121,7 +121,9 @@ def generate_dialogue(folder: Path, rng: np.random.Generator, lang: str, topolog
     S, C, H = "regional_sales.csv", "regional_costs.xlsx", "headcount.csv"
 
     def ent(r: str) -> dict[str, Any]:
-        return {"kind": "entity", "value": r, "aliases": [r, REGIONS[r]]}
+        # the other candidates ride along: naming them too is a contradiction, not coverage
+        return {"kind": "entity", "value": r, "aliases": [r, REGIONS[r]],
+                "others": [a for o in regions if o != r for a in (o, REGIONS[o])]}
 
     def num(v: float, percent: bool = False) -> dict[str, Any]:
         return {"kind": "number", "value": round(v, 2), "percent": percent}
@@ -261,12 +263,20 @@ def extract_numbers(text: str) -> list[float]:
     return out
 
 
+def _mentions(text: str, alias: str) -> bool:
+    """Whole-word match for Latin names ("West" is not in "lowest"); substring for CJK."""
+    if alias.isascii():
+        return re.search(rf"\b{re.escape(alias.lower())}\b", text) is not None
+    return alias in text
+
+
 def point_covered(point: dict[str, Any], answer: str) -> bool:
     if point["kind"] == "number":
         return any(abs(v - point["value"]) <= NUMERIC_TOL for v in extract_numbers(answer))
     low = answer.lower()
     if point["kind"] == "entity":
-        return any(a.lower() in low for a in point["aliases"])
+        return (any(_mentions(low, a) for a in point["aliases"])
+                and not any(_mentions(low, a) for a in point.get("others", [])))
     good = [w for ws in TREND_WORDS[point["value"]].values() for w in ws]
     bad = [w for k, d in TREND_WORDS.items() if k != point["value"] for ws in d.values() for w in ws]
     return any(w in low for w in good) and not any(w in low for w in bad)
@@ -469,6 +479,10 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     checks.append(check_equal("judge_trend_contradiction", "hard", [True, False],
                               [point_covered({"kind": "trend", "value": "up"}, "costs rose"),
                                point_covered({"kind": "trend", "value": "up"}, "it rose then fell")]))
+    west = {"kind": "entity", "value": "West", "aliases": ["West", "西部"], "others": ["North", "北部"]}
+    checks.append(check_equal("judge_entity_rules", "hard", [True, True, False, False],
+                              [point_covered(west, "The West region."), point_covered(west, "西部地区"),
+                               point_covered(west, "the lowest profit"), point_covered(west, "West or North")]))
     sandbox_out = run_sandboxed("result = int(tables['headcount.csv'].iloc[:, 1].sum())", dialogues[0].folder,
                                 cfg.sandbox_timeout_s)
     expected_sum = int(read_table(dialogues[0].folder / "headcount.csv").iloc[:, 1].sum())
