@@ -134,6 +134,12 @@ export class Sparkline {
     // The scored point count is mirrored in the DOM so tests (and curious users) can read it.
     c.dataset.points = String(this.scores.filter((s) => s !== null).length);
     c.dataset.cut = this.cut ? String(this.cut.index) : "";
+    if (this.info) {
+      const fin = this.scores.filter((s) => s !== null && Number.isFinite(s));
+      this.info.textContent = fin.length
+        ? `max ${fmt(Math.max(...fin))}` + (this.threshold !== null ? ` · threshold ${fmt(this.threshold)}` : "")
+        : "";
+    }
     if (this.pending) return;
     this.pending = true;
     requestAnimationFrame(() => { this.pending = false; this.paint(); });
@@ -170,6 +176,13 @@ export class Sparkline {
     g.fillText("0", G.padL - 4, h - G.padB);
     g.textAlign = "left";
     g.fillText(`${this.scores.length} tokens`, G.padL + 4, h - 3);
+
+    if (!this.scores.some((v) => v !== null) && this.threshold === null && !this.cut) {
+      g.fillStyle = ink;
+      g.textAlign = "center";
+      g.fillText("no risk scores yet (they arrive with each token while the guard is on)", (G.padL + w) / 2, h / 2);
+      return;
+    }
 
     // threshold
     if (this.threshold !== null) {
@@ -254,12 +267,6 @@ export class Sparkline {
       g.beginPath();
       g.arc(hx, hy, 5, 0, 2 * Math.PI);
       g.stroke();
-    }
-    if (this.info) {
-      const fin = this.scores.filter((s) => s !== null && Number.isFinite(s));
-      this.info.textContent = fin.length
-        ? `max ${fmt(Math.max(...fin))}` + (this.threshold !== null ? ` · threshold ${fmt(this.threshold)}` : "")
-        : "";
     }
   }
 
