@@ -147,3 +147,29 @@ async def test_batch_through_the_guarded_gateway(aredis: Any, suite_settings: Su
     finally:
         server.should_exit = True
         await task
+
+
+async def test_batch_cancelled_before_a_worker_takes_it(client: httpx.AsyncClient, suite_settings: SuiteSettings) -> None:
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}}
+    f = (await client.post("/v1/files", data={"purpose": "batch"},
+                           files={"file": ("b.jsonl", (json.dumps(line) + "\n").encode())})).json()
+    b = (await client.post("/v1/batches", json={"input_file_id": f["id"], "endpoint": "/v1/chat/completions"})).json()
+    c = (await client.post(f"/v1/batches/{b['id']}/cancel")).json()
+    assert c["status"] == "cancelling" and c["cancelling_at"]
+    await burst(suite_settings)
+    final = (await client.get(f"/v1/batches/{b['id']}")).json()
+    assert final["status"] == "cancelled" and final["output_file_id"] is None
+    assert_openai_error(await client.get("/v1/batches/batch-nope"), 404, "batch_not_found")
+
+
+async def test_runs_list_pagination(client: httpx.AsyncClient, suite_settings: SuiteSettings) -> None:
+    ids = []
+    for seed in range(3):
+        r = await client.post("/v1/suites/tableagent/runs", json={"config": {"llm_dialogues": 0}, "seed": seed})
+        ids.append(r.json()["id"])
+        await asyncio.sleep(0.01)          # distinct creation times order the index
+    page1 = (await client.get("/v1/runs", params={"limit": 2})).json()
+    assert [d["id"] for d in page1["data"]] == ids[::-1][:2] and page1["has_more"]
+    page2 = (await client.get("/v1/runs", params={"limit": 2, "after": page1["last_id"]})).json()
+    assert [d["id"] for d in page2["data"]] == [ids[0]] and not page2["has_more"]
