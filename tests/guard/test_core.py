@@ -307,3 +307,15 @@ def test_thresholds_roundtrip(tmp_path):
     t = Thresholds(prompt=0.5, response=1.5, mode="debounce", prompt_categories={"x": 1.0})
     t.save(tmp_path / "t.json")
     assert Thresholds.load(tmp_path / "t.json") == t
+
+
+def test_batchtopk_threshold_gives_l0_near_k():
+    from guard.build import batchtopk_threshold
+
+    sae = _rand_jumprelu(d_in=16, d_sae=64, thr=0.0)
+    x = torch.randn(4096, 16)
+    thr = batchtopk_threshold(sae, x, k=4.0, batch=512)
+    with torch.no_grad():
+        sae.threshold.fill_(thr)
+        l0 = float((sae.encode(x) > 0).sum(-1).float().mean())
+    assert 3.0 < l0 < 5.0
