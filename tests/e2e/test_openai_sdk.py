@@ -13,6 +13,10 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 USER = [{"role": "user", "content": "Name three colours."}]
+# These tests pin the serving spine (protocol, sampling, usage, abort). The monitor is switched off per
+# request (the embedded default allows it) so a guard verdict cannot change the text they compare;
+# guarded streams are covered in test_guard_e2e.py and by `nextguard guard eval`.
+NO_GUARD = {"guard": {"enabled": False}}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +36,8 @@ def tokenizer(server: str):  # type: ignore[no-untyped-def]
 def test_stream_yields_text_and_finish(server: str, model_id: str) -> None:
     client = openai.OpenAI(base_url=server + "/v1", api_key="x")
     stream = client.chat.completions.create(
-        model=model_id, messages=USER, stream=True, max_tokens=24, temperature=0, stream_options={"include_usage": True}
+        model=model_id, messages=USER, stream=True, max_tokens=24, temperature=0, stream_options={"include_usage": True},
+        extra_body=NO_GUARD,
     )
     text, finish, usage = "", None, None
     for chunk in stream:
@@ -48,7 +53,7 @@ def test_stream_yields_text_and_finish(server: str, model_id: str) -> None:
 
 def test_non_stream_usage_matches_tokenizer(server: str, model_id: str, tokenizer) -> None:  # type: ignore[no-untyped-def]
     client = openai.OpenAI(base_url=server + "/v1", api_key="x")
-    r = client.chat.completions.create(model=model_id, messages=USER, max_tokens=16, temperature=0, logprobs=True)
+    r = client.chat.completions.create(model=model_id, messages=USER, max_tokens=16, temperature=0, logprobs=True, extra_body=NO_GUARD)
     prompt_ids = tokenizer.apply_chat_template(USER, add_generation_prompt=True, tokenize=True)
     if hasattr(prompt_ids, "keys"):
         prompt_ids = prompt_ids["input_ids"]
@@ -64,26 +69,26 @@ def test_non_stream_usage_matches_tokenizer(server: str, model_id: str, tokenize
 
 def test_max_tokens_gives_length(server: str, model_id: str) -> None:
     client = openai.OpenAI(base_url=server + "/v1", api_key="x")
-    r = client.chat.completions.create(model=model_id, messages=USER, max_tokens=3, temperature=0)
+    r = client.chat.completions.create(model=model_id, messages=USER, max_tokens=3, temperature=0, extra_body=NO_GUARD)
     assert r.choices[0].finish_reason == "length"
     assert r.usage is not None and r.usage.completion_tokens == 3
 
 
 def test_stop_sequence(server: str, model_id: str) -> None:
     client = openai.OpenAI(base_url=server + "/v1", api_key="x")
-    base = client.chat.completions.create(model=model_id, messages=USER, max_tokens=24, temperature=0)
+    base = client.chat.completions.create(model=model_id, messages=USER, max_tokens=24, temperature=0, extra_body=NO_GUARD)
     full = base.choices[0].message.content or ""
     words = re.findall(r"[A-Za-z]{4,}", full)
     assert words, full
     stop = words[1] if len(words) > 1 else words[0]
-    r = client.chat.completions.create(model=model_id, messages=USER, max_tokens=24, temperature=0, stop=[stop])
+    r = client.chat.completions.create(model=model_id, messages=USER, max_tokens=24, temperature=0, stop=[stop], extra_body=NO_GUARD)
     assert r.choices[0].finish_reason == "stop"
     assert r.choices[0].message.content == full[: full.index(stop)]
 
 
 def test_completions_echo_logprobs_for_lm_eval(server: str, model_id: str) -> None:
     client = openai.OpenAI(base_url=server + "/v1", api_key="x")
-    r = client.completions.create(model=model_id, prompt="The capital of France is Paris", max_tokens=0, echo=True, logprobs=1)
+    r = client.completions.create(model=model_id, prompt="The capital of France is Paris", max_tokens=0, echo=True, logprobs=1, extra_body=NO_GUARD)
     lp = r.choices[0].logprobs
     assert r.choices[0].text == "The capital of France is Paris"
     assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None
@@ -93,8 +98,8 @@ def test_completions_echo_logprobs_for_lm_eval(server: str, model_id: str) -> No
 
 def test_seeded_sampling_is_reproducible(server: str, model_id: str) -> None:
     client = openai.OpenAI(base_url=server + "/v1", api_key="x")
-    a = client.chat.completions.create(model=model_id, messages=USER, max_tokens=12, temperature=1.0, seed=7, n=2)
-    b = client.chat.completions.create(model=model_id, messages=USER, max_tokens=12, temperature=1.0, seed=7, n=2)
+    a = client.chat.completions.create(model=model_id, messages=USER, max_tokens=12, temperature=1.0, seed=7, n=2, extra_body=NO_GUARD)
+    b = client.chat.completions.create(model=model_id, messages=USER, max_tokens=12, temperature=1.0, seed=7, n=2, extra_body=NO_GUARD)
     assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
     assert len(a.choices) == 2
 
@@ -110,7 +115,7 @@ async def test_disconnect_aborts_engine_request(server: str, model_id: str) -> N
     assert _running(server) == 0
     client = openai.AsyncOpenAI(base_url=server + "/v1", api_key="x")
     stream = await client.chat.completions.create(
-        model=model_id, messages=USER, stream=True, max_tokens=900, temperature=1.0, extra_body={"ignore_eos": True}
+        model=model_id, messages=USER, stream=True, max_tokens=900, temperature=1.0, extra_body={"ignore_eos": True, **NO_GUARD}
     )
     got = 0
     async for _ in stream:

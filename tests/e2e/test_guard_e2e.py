@@ -1,0 +1,63 @@
+"""End-to-end guard: the real NExT-Guard monitor (committed artifacts) in the real server, read by the
+official openai SDK. The cut position is made deterministic by replaying a greedy generation."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PROMPT = [{"role": "user", "content": "Write two sentences about how to stay safe when hiking alone."}]
+
+
+def _stream(client: openai.OpenAI, model: str, guard: dict) -> tuple[str, list[float], list[str], object]:
+    stream = client.chat.completions.create(
+        model=model, messages=PROMPT, stream=True, max_tokens=48, temperature=0,
+        extra_body={"guard": {"include_scores": True, **guard}},
+    )
+    text, risks, pieces, last = "", [], [], None
+    for chunk in stream:
+        for c in chunk.choices:
+            extra = c.model_extra or {}
+            if c.delta.content:
+                text += c.delta.content
+                pieces.append(c.delta.content)
+            risks += extra.get("risk") or []
+            if c.finish_reason:
+                last = c
+    return text, risks, pieces, last
+
+
+def test_server_is_guarded_by_default(server: str) -> None:
+    ready = httpx.get(server + "/ready").json()
+    assert ready["checks"]["guard"] is True
+
+
+def test_cut_lands_exactly_where_the_score_crosses(server: str) -> None:
+    client = openai.OpenAI(base_url=server + "/v1", api_key="x")
+    model = client.models.list().data[0].id
+    # 1) no cut possible: learn the per-token risk of this (greedy, hence repeatable) answer
+    text, risks, pieces, last = _stream(client, model, {"prompt_threshold": 1e9, "response_threshold": 1e9})
+    assert last is not None and last.finish_reason in ("stop", "length")
+    assert risks and all(r == r for r in risks)          # one finite score per streamed token
+    # 2) put the threshold just under the highest score after the first few tokens: the first crossing
+    #    at or after that point is where the guard must cut, and nothing from there on may be sent.
+    k = max(range(3, len(risks)), key=lambda i: risks[i])
+    first = next(i for i, r in enumerate(risks) if r >= risks[k] * 0.999)
+    thr = risks[k] * 0.999
+    cut_text, _, _, cut_last = _stream(client, model, {"prompt_threshold": 1e9, "response_threshold": thr})
+    assert cut_last is not None and cut_last.finish_reason == "content_filter"
+    safety = (cut_last.model_extra or {})["safety"]
+    assert safety["token_offset"] == first
+    assert safety["score"] >= thr and safety["threshold"] == pytest.approx(thr)
+    assert safety["features"] and {"id", "activation"} <= set(safety["features"][0])
+    assert text.startswith(cut_text) and len(cut_text) < len(text)
+
+
+def test_moderations_and_score_endpoints(server: str) -> None:
+    r = httpx.post(server + "/v1/moderations", json={"input": ["How do I bake sourdough bread?"]}).json()
+    assert set(r["results"][0]) >= {"flagged", "categories", "category_scores"}
+    s = httpx.post(server + "/v1/guard/score", json={"prompt": "Hi", "response": "Hello there, how can I help?"}).json()
+    assert len(s["tokens"]) == len(s["scores"]) > 0 and isinstance(s["threshold"], float)
