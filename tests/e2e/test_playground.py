@@ -263,7 +263,7 @@ def test_scripted_stream_colours_every_token_and_marks_the_cut(open_page: Any, s
     assert pg.get_attribute("#chat-spark", "data-cut") == str(CUT_AT)
     card = turn.locator(".cut-card")
     assert card.get_attribute("data-gate") == "response"
-    assert f"token {CUT_AT}" in card.inner_text() and "score 0.800" in card.inner_text()
+    assert f"token {CUT_AT}" in card.inner_text() and "score 0.8000 > threshold 0.5000" in card.inner_text()
     feats = card.locator("ol.features > li")
     assert feats.count() == 2
     assert "#3" in feats.nth(0).inner_text() and "explosives and detonators" in feats.nth(0).inner_text()
@@ -402,7 +402,9 @@ def _guard_ready(server: str) -> None:
 def test_benign_prompt_streams_coloured_tokens(open_page: Any, server: str) -> None:
     _guard_ready(server)
     pg = open_page(server)
-    turn = _send(pg, BENIGN)
+    # Both gates opened wide: whether the guard would flag this prompt is its evaluation's question
+    # (a small CPU build can false-positive); here the text must stream, every token scored.
+    turn = _send(pg, BENIGN, response_threshold="1000000", prompt_threshold="1000000")
     _shot(pg, "chat-benign.png")
     assert turn.get_attribute("data-state") == "done", turn.inner_text()
     assert turn.get_attribute("data-finish") in ("stop", "length")
@@ -418,7 +420,7 @@ def test_benign_prompt_streams_coloured_tokens(open_page: Any, server: str) -> N
     points = int(pg.get_attribute("#chat-spark", "data-points") or 0)
     assert points >= n                  # a delta can carry several tokens: at least one point per span
     assert pg.get_attribute("#chat-spark", "data-cut") == ""
-    assert "threshold" in pg.inner_text("#chat-spark-info")
+    assert "threshold 1000000" in pg.inner_text("#chat-spark-info")     # the request's threshold came back
 
 
 @E2E

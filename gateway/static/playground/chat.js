@@ -185,7 +185,7 @@ async function send() {
   if (n && tFirst !== null && t1 > tFirst) parts.push(`${n} tokens · ${fmt(n / ((t1 - t0) / 1000), 1)} tok/s`);
   if (usage) parts.push(`prompt ${usage.prompt_tokens} tokens`);
   if (series.threshold !== null) parts.push(`threshold ${fmt(series.threshold)}`);
-  if (!series.scores.length && node.dataset.state === "done") parts.push("no risk scores in the stream (guard off or include_scores unsupported)");
+  if (!series.scores.length && !series.cut && node.dataset.state === "done") parts.push("no risk scores in the stream (guard off or include_scores unsupported)");
   $("chat-stats").textContent = parts.join(" · ");
   node.append(el("div", { class: "turn-actions" },
     el("a", { href: "#score", onclick: () => {

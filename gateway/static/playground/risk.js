@@ -118,14 +118,17 @@ export class Sparkline {
     const h = this.canvas.clientHeight;
     const n = Math.max(this.scores.length, this.cut ? this.cut.index + 1 : 0, 2);
     const finite = this.scores.filter((s) => s !== null && Number.isFinite(s));
-    let ymax = Math.max(...finite, this.threshold ?? 0, this.cut?.score ?? 0);
-    if (this.threshold) ymax = Math.max(ymax, this.threshold * 1.25);
+    const peak = Math.max(0, ...finite, this.cut?.score ?? 0);
+    // A threshold far above every score (a gate opened wide by hand) would flatten the curve to the
+    // axis: then the scale follows the scores and the threshold is drawn as "off scale" at the top.
+    const offScale = this.threshold !== null && peak > 0 && this.threshold > 4 * peak;
+    let ymax = offScale ? peak : Math.max(peak, (this.threshold ?? 0) * 1.25);
     if (!(ymax > 0)) ymax = 1;
     ymax *= 1.08;
     const padL = 44, padR = 8, padT = 8, padB = 16;
     const x = (i) => padL + (n <= 1 ? 0 : (i * (w - padL - padR)) / (n - 1));
     const y = (v) => padT + (h - padT - padB) * (1 - Math.max(0, v) / ymax);
-    return { w, h, n, ymax, x, y, padL, padR, padT, padB };
+    return { w, h, n, ymax, x, y, padL, padR, padT, padB, offScale };
   }
 
   /** Update the DOM mirror now and repaint on the next animation frame (one paint per frame). */
@@ -185,7 +188,11 @@ export class Sparkline {
     }
 
     // threshold
-    if (this.threshold !== null) {
+    if (this.threshold !== null && G.offScale) {
+      g.fillStyle = "#d33";
+      g.textAlign = "right";
+      g.fillText(`threshold ${fmt(this.threshold)} ↑ (off scale)`, w - G.padR - 2, G.padT + 8);
+    } else if (this.threshold !== null) {
       const ty = G.y(this.threshold);
       g.save();
       g.setLineDash([5, 4]);
@@ -317,7 +324,8 @@ export class TokenView {
 /** The cut (or prompt refusal) explanation: category, score vs threshold, where, top features. */
 export function cutCard(safety, featureInfo, { where, title } = {}) {
   const gate = safety.gate ?? "response";
-  const feats = (safety.features ?? []).slice().sort((a, b) => (b.activation ?? 0) - (a.activation ?? 0));
+  // Kept in the server's order: the guard ranks them by contribution (weight x activation), not activation.
+  const feats = safety.features ?? [];
   const card = el("div", { class: "cut-card", dataset: { category: safety.category, gate } },
     el("div", { class: "cut-title" },
       el("span", { class: "scissors" }, "✂"),
@@ -325,7 +333,8 @@ export function cutCard(safety, featureInfo, { where, title } = {}) {
       el("span", { class: "category" }, safety.category),
       safety.decision && safety.decision !== "intervened" ? el("span", { class: "pill warn" }, safety.decision) : null),
     el("div", { class: "cut-facts" },
-      `score ${fmt(safety.score)} ≥ threshold ${fmt(safety.threshold)} · ${gate} gate · token ${safety.token_offset}` +
+      // four decimals: a cut score is often within a rounding step of its threshold
+      `score ${fmt(safety.score, 4)} > threshold ${fmt(safety.threshold, 4)} · ${gate} gate · token ${safety.token_offset}` +
       (safety.char_offset !== null && safety.char_offset !== undefined ? ` · char ${safety.char_offset}` : "") +
       (where ? ` · ${where}` : "")),
   );
