@@ -67,7 +67,7 @@ async function renderList() {
       el("td", {}, progressBar(r.progress, "")), el("td", {}, when(r.created_at)), el("td", {}, when(r.finished_at))))));
   view.replaceChildren(
     el("h2", {}, "Suites"), suites.length ? suiteList : el("p", { class: "muted" }, "no suites registered"),
-    el("h2", {}, "Runs"), runs.length ? table : el("p", { class: "muted" }, "no runs yet (submit one with POST /v1/runs or the CLI)"));
+    el("h2", {}, "Runs"), runs.length ? table : el("p", { class: "muted" }, "no runs yet: start one with a suite's Run button above"));
   if (runs.some((r) => !TERMINAL.has(r.status))) poll(renderList, 3000);
 }
 
