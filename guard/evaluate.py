@@ -169,7 +169,12 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
     rng = np.random.default_rng(cfg.seed + 11)
     test = list(bd.test)
     if limit:
-        test = [s for g in ("prompt", "response") for s in [x for x in test if x.gate == g][:limit]]
+        # a seeded random subset per gate: the split is ordered by source, so a prefix would be skewed
+        sub = []
+        for g in ("prompt", "response"):
+            xs = [x for x in test if x.gate == g]
+            sub += [xs[i] for i in sorted(rng.permutation(len(xs))[:limit])]
+        test = sub
     test_p = [s for s in test if s.gate == "prompt"]
     test_r = [s for s in test if s.gate == "response"]
     cal = list(bd.calib)
