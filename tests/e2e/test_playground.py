@@ -43,7 +43,8 @@ from tests.doubles import ScriptedEngine, ScriptedGuard
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts" / "playground"
-CHROMIUM = os.environ.get("NEXTGUARD_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+# CHROMIUM_PATH, not NEXTGUARD_*: tests/conftest.py clears NEXTGUARD_* variables before tests run.
+CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
 # The flags a sandbox-less CI container needs; networking extras off so the browser talks only to us.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
