@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from inference.pbs_attn.bench import TAUS, _curve, _mean_curves, op_row, plot
 from inference.pbs_attn.config import PBSSettings
 from inference.pbs_attn.synthetic import heavy_hitter_qkv
@@ -17,7 +19,9 @@ def test_op_row_times_both_paths_and_reports_plan_quality(tmp_path: Path) -> Non
     assert row["layers"] == [0, 3]
     assert row["dense_sdpa_s"] > 0 and row["pbs_s"] > row["pbs_plan_s"] > 0
     assert 0.0 < row["density"] < 1.0 and 0.9 < row["recall"] <= 1.0
-    assert row["speedup_vs_sdpa"] == round(row["dense_sdpa_s"] / row["pbs_s"], 3)
+    # the speedup is the ratio of the two reported times; those are rounded to 0.1 ms for the report, so
+    # recomputing it from them agrees only to that rounding
+    assert row["speedup_vs_sdpa"] == pytest.approx(row["dense_sdpa_s"] / row["pbs_s"], rel=5e-3)
 
     q, k, _ = qkv[0]
     curve = _mean_curves([_curve(q, k, settings)])
