@@ -56,22 +56,34 @@ def test_selected_columns_match_the_full_sae():
 
 
 @pytest.mark.slow
-def test_sae_metrics_reproduce_on_fresh_text():
-    """Variance explained and L0 re-measured on chat-formatted text in the build's format (these exact
-    strings are not in the SAE training text) agree with the recorded build metrics."""
-    from guard.data import BENIGN_TOPICS
-    from guard.runner import collect_residuals, load_guard_model, make_runner
+def test_sae_metrics_reproduce_on_held_out_text():
+    """Variance explained and L0 re-measured on the held-out test split (build format; never in the SAE's
+    training text, selection or calibration) reproduce the recorded held-out numbers. The build's headline
+    variance explained was measured on its own training text mix and is higher; both are recorded."""
+    import json
+    from dataclasses import replace
+
+    from guard import data as D
+    from guard.build import BuildConfig, assemble_data, sae_training_activations
+    from guard.features import format_sample
+    from guard.runner import load_guard_model, make_runner
     from guard.sae import load_sae, sae_metrics
     from inference.embedded import ensure_embedded_model
 
     torch.set_num_threads(1)
+    prov = _prov()
+    c = dict(prov["config"])
+    c["splits"], c["monitored"] = tuple(c["splits"]), tuple(c["monitored"])
+    cfg = BuildConfig(**c)
+    gen = [D.Sample(**json.loads(x)) for x in (ART / "generated_benign.jsonl").read_text().splitlines() if x]
+    bd = assemble_data(cfg, gen)
     model, tok = load_guard_model(ensure_embedded_model())
-    r = make_runner(model, 15, max_slots=8)
-    texts = [f"User: Tell me about {t}.\nAssistant: Sure. Here is an overview of {t}, step by step." for t in BENIGN_TOPICS]
-    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-    res = collect_residuals(r, ids, batch_size=8)
-    acts = torch.cat([x[1:] for x in res])                 # drop position 0, as in training
+    texts = [format_sample(s.prompt, s.response).text for s in bd.test]
+    acts = sae_training_activations(make_runner(model, cfg.layer, max_slots=16, max_len=8192), tok, texts,
+                                    replace(cfg, seed=cfg.seed + 200, sae_collect_tokens=20_000))
     m = sae_metrics(load_sae(ART / "sae"), acts)
-    rec = _prov()["sae"]
-    assert m["variance_explained"] > rec["variance_explained"] - 0.15
-    assert 0.5 * rec["l0"] < m["l0"] < 2.0 * rec["l0"]
+    rec = prov["sae"]["heldout_test_split"]
+    assert m["n_tokens"] == rec["n_tokens"]
+    assert abs(m["variance_explained"] - rec["variance_explained"]) < 0.02
+    assert abs(m["l0"] - rec["l0"]) < 0.1 * rec["l0"]
+    assert m["variance_explained"] < prov["sae"]["variance_explained"]     # the gap the provenance documents
