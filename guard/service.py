@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -556,11 +557,15 @@ class NextGuard:
         the highest score of the guard tokens ending inside the delta (or of the one spanning it)."""
         if p.n_tokens == 0:
             return []
+        thr = float(st.gate.threshold)
         if st.retok is None:
             a = st.released_tokens
-            return [float(x) for x in st.scored_g[a:a + p.n_tokens]]
+            # debounce's first token scores -inf (it can never cut); report the threshold, as /v1/guard/score does,
+            # so the JSON carries a number rather than null
+            return [float(x) if math.isfinite(x) else thr for x in st.scored_g[a:a + p.n_tokens]]
         gs = [g for e, g in zip(st.scored_ends, st.scored_g, strict=True) if st.released_chars < e <= p.char_end]
         if not gs:
             nxt = next((g for e, g in zip(st.scored_ends, st.scored_g, strict=True) if e > p.char_end), None)
             gs = [nxt] if nxt is not None else [float(st.gate.threshold)]
-        return [float(max(gs))] * p.n_tokens
+        top = float(max(gs))
+        return [top if math.isfinite(top) else thr] * p.n_tokens
