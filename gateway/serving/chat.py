@@ -181,7 +181,9 @@ class ServingChat:
             finish = _finish(item)
             if finish:
                 stats.finish_reasons.append(finish)
-            if not item.text and not finish and not (p.want_logprobs and item.logprobs):
+            # a delta can carry tokens without text (an incomplete UTF-8 sequence); it still goes out when it
+            # carries something the client asked for (logprobs, per-token risk)
+            if not item.text and not finish and not (p.want_logprobs and item.logprobs) and not (p.include_scores and item.scores):
                 continue
             yield chunk(
                 [

@@ -45,14 +45,20 @@ def test_cut_lands_exactly_where_the_score_crosses(server: str) -> None:
     # 2) put the threshold just under the highest score after the first few tokens: the first crossing
     #    at or after that point is where the guard must cut, and nothing from there on may be sent.
     k = max(range(3, len(risks)), key=lambda i: risks[i])
-    first = next(i for i, r in enumerate(risks) if r >= risks[k] * 0.999)
-    thr = risks[k] * 0.999
-    cut_text, _, _, cut_last = _stream(client, model, {"prompt_threshold": 1e9, "response_threshold": thr})
+    below = [r for r in risks if r < risks[k]]
+    thr = (risks[k] + max(below)) / 2 if below else risks[k] - 1.0     # the cut rule is strict: g > thr
+    first = next(i for i, r in enumerate(risks) if r > thr)
+    cut_text, cut_risks, _, cut_last = _stream(client, model, {"prompt_threshold": 1e9, "response_threshold": thr})
     assert cut_last is not None and cut_last.finish_reason == "content_filter"
     safety = (cut_last.model_extra or {})["safety"]
-    assert safety["token_offset"] == first
-    assert safety["score"] >= thr and safety["threshold"] == pytest.approx(thr)
+    assert safety["score"] > thr and safety["threshold"] == pytest.approx(thr)
     assert safety["features"] and {"id", "activation"} <= set(safety["features"][0])
+    # token_offset is the first withheld token. The engine may hand over several tokens in one delta and a
+    # delta leaves only whole, so the cut can start a few tokens before the crossing one, never after it.
+    assert safety["token_offset"] <= first < safety["token_offset"] + 8
+    assert len(cut_risks) == safety["token_offset"]          # exactly the released tokens carried scores
+    assert all(r <= thr for r in cut_risks)                   # nothing over the threshold reached the client
+    assert cut_risks == pytest.approx(risks[: len(cut_risks)])
     assert text.startswith(cut_text) and len(cut_text) < len(text)
 
 
