@@ -81,6 +81,9 @@ class VLLMEngineClient:
             enable_prefix_caching=settings.enable_prefix_caching,
             seed=settings.seed,
             disable_log_stats=not settings.log_stats,
+            # PBS-Attn prefill is the plugin's CUSTOM backend (inference/pbs_attn/vllm_backend.py); its workers read
+            # NEXTGUARD_INFERENCE__PBS__* and fall back to the stock kernel for short, chunked or cached prefills
+            **_attention_args(settings),
         )
         engine = AsyncLLM.from_engine_args(args)
         card = ModelCard(id=name, root=source, max_model_len=engine.model_config.max_model_len, created=int(time.time()))
@@ -160,6 +163,10 @@ class VLLMEngineClient:
             raise
         finally:
             self._active.discard(request_id)
+
+
+def _attention_args(settings: InferenceSettings) -> dict[str, Any]:
+    return {"attention_backend": "CUSTOM"} if settings.pbs.attention == "pbs" else {}
 
 
 def _finish(reason: str | None) -> Any:
