@@ -147,11 +147,18 @@ class ServingChat:
             want_logprobs=want_logprobs,
         )
 
-    def _streams(self, p: PreparedChat) -> list[AsyncIterator[TokenDelta | SafetyCut]]:
+    def _streams(self, p: PreparedChat, stats: StreamStats) -> list[AsyncIterator[TokenDelta | SafetyCut]]:
         assert self.engine is not None
         return [
             choice_stream(
-                self.engine, self.guard, p.policy, p.prompt_ids, p.prompt_text, choice_options(p.options, i), f"{p.id}-{i}"
+                self.engine,
+                self.guard,
+                p.policy,
+                p.prompt_ids,
+                p.prompt_text,
+                choice_options(p.options, i),
+                f"{p.id}-{i}",
+                stats,
             )
             for i in range(p.n)
         ]
@@ -165,7 +172,7 @@ class ServingChat:
 
         for i in range(p.n):
             yield chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
-        async for i, item in merge(self._streams(p)):
+        async for i, item in merge(self._streams(p, stats)):
             if isinstance(item, SafetyCut):
                 stats.cuts.append(item)
                 stats.finish_reasons.append("content_filter")
@@ -211,7 +218,7 @@ class ServingChat:
         lps: list[list[TokenLogprob]] = [[] for _ in range(p.n)]
         finish: list[str | None] = [None] * p.n
         safety: list[SafetyInfo | None] = [None] * p.n
-        async for i, item in merge(self._streams(p)):
+        async for i, item in merge(self._streams(p, stats)):
             if isinstance(item, SafetyCut):
                 stats.cuts.append(item)
                 finish[i] = "content_filter"

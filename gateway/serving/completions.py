@@ -143,14 +143,16 @@ class ServingCompletion:
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
         )
 
-    def _streams(self, p: PreparedCompletion) -> list[AsyncIterator[TokenDelta | SafetyCut]]:
+    def _streams(self, p: PreparedCompletion, stats: StreamStats) -> list[AsyncIterator[TokenDelta | SafetyCut]]:
         assert self.engine is not None
         streams = []
         for pi, (ids, text) in enumerate(p.prompts):
             for j in range(p.n):
                 k = pi * p.n + j
                 streams.append(
-                    choice_stream(self.engine, self.guard, p.policy, ids, text, choice_options(p.options, k), f"{p.id}-{k}")
+                    choice_stream(
+                        self.engine, self.guard, p.policy, ids, text, choice_options(p.options, k), f"{p.id}-{k}", stats
+                    )
                 )
         return streams
 
@@ -172,7 +174,7 @@ class ServingCompletion:
     async def stream(self, p: PreparedCompletion, stats: StreamStats) -> AsyncIterator[Completion]:
         stats.prompt_tokens = sum(len(ids) for ids, _ in p.prompts) * p.n
         echoed, builders = self._choice_ready(p)
-        async for k, item in merge(self._streams(p)):
+        async for k, item in merge(self._streams(p, stats)):
             if isinstance(item, SafetyCut):
                 stats.cuts.append(item)
                 stats.finish_reasons.append("content_filter")
