@@ -262,3 +262,23 @@ def content_filter_error(cut: SafetyCut) -> OpenAIError:
         code="content_filter",
         extra={"safety": cut.to_dict()},
     )
+
+
+class ServingBase:
+    """What chat and completions share: the engine, the guard and how a request's guard policy is resolved."""
+
+    def __init__(
+        self, engine: EngineClient | None, guard: StreamGuard | None, default_policy: GuardPolicy, *, allow_guard_disable: bool
+    ) -> None:
+        self.engine = engine
+        self.guard = guard
+        self.default_policy = default_policy
+        self.allow_guard_disable = allow_guard_disable
+
+    def resolve_policy(self, overrides: Any | None, tenant_policy: GuardPolicy | None, allow_disable: bool | None) -> GuardPolicy:
+        # the tenant's policy (set by the ops layer from the API key) replaces the deployment default
+        return policy_from(
+            tenant_policy or self.default_policy,
+            overrides,
+            allow_disable=self.allow_guard_disable if allow_disable is None else allow_disable,
+        )

@@ -18,6 +18,7 @@ from gateway.protocol import (
 )
 from gateway.serving.chat import _finish
 from gateway.serving.common import (
+    ServingBase,
     StreamStats,
     check_model,
     check_prompt_len,
@@ -26,11 +27,9 @@ from gateway.serving.common import (
     content_filter_error,
     merge,
     new_id,
-    policy_from,
     stop_tuple,
 )
-from guard.api import GuardPolicy, SafetyCut, StreamGuard
-from inference.engine import EngineClient
+from guard.api import GuardPolicy, SafetyCut
 from inference.types import SamplingOptions, TokenDelta, TokenLogprob
 
 
@@ -70,15 +69,7 @@ class LogprobBuilder:
         self.out.top_logprobs.append(tops)
 
 
-class ServingCompletion:
-    def __init__(
-        self, engine: EngineClient | None, guard: StreamGuard | None, default_policy: GuardPolicy, *, allow_guard_disable: bool
-    ) -> None:
-        self.engine = engine
-        self.guard = guard
-        self.default_policy = default_policy
-        self.allow_guard_disable = allow_guard_disable
-
+class ServingCompletion(ServingBase):
     async def prepare(
         self, req: CompletionRequest, tenant_policy: GuardPolicy | None = None, allow_disable: bool | None = None
     ) -> PreparedCompletion:
@@ -118,12 +109,7 @@ class ServingCompletion:
             ignore_eos=req.ignore_eos,
             min_tokens=req.min_tokens,
         )
-        # the tenant's policy (set by the ops layer from the API key) replaces the deployment default
-        policy = policy_from(
-            tenant_policy or self.default_policy,
-            req.guard,
-            allow_disable=self.allow_guard_disable if allow_disable is None else allow_disable,
-        )
+        policy = self.resolve_policy(req.guard, tenant_policy, allow_disable)
         if self.guard is not None and policy.enabled:
             for _, text in prompts:
                 cut = await self.guard.check_prompt(text, policy)
