@@ -1,7 +1,8 @@
 """Audit log of guard decisions: one JSON object per line.
 
 Each guarded request leaves one line per decision: ``intervened`` (a safety cut, prompt or response
-gate), ``guard_error`` (the guard failed and the policy failed closed), or ``pass`` (guarded, not cut).
+gate), ``guard_error`` (the guard failed and the policy failed closed), ``fail_open`` (the guard failed and
+the policy let the text through unscored), or ``pass`` (guarded, not cut).
 Lines carry ids, the tenant, the category, the score, the threshold, the offsets and the SAE feature
 ids; never the text unless ``ops.audit.include_content`` is on.
 
@@ -105,7 +106,10 @@ class AuditLog:
         for st in stats:
             for cut in st.cuts:
                 out.append({**base, "model": st.model, **self.cut_record(cut), "disconnected": st.disconnected})
-            if guarded and not st.cuts and self.settings.log_passes:
+            for f in st.guard_fail_open:
+                out.append({**base, "model": st.model, "gate": f.gate, "decision": "fail_open", "category": None,
+                            "token_offset": f.token_offset, "error": f.error, "disconnected": st.disconnected})
+            if guarded and not st.cuts and not st.guard_fail_open and self.settings.log_passes:
                 out.append({**base, "model": st.model, "gate": "response", "decision": "pass",
                             "completion_tokens": st.completion_tokens, "finish_reasons": st.finish_reasons,
                             "disconnected": st.disconnected})

@@ -103,6 +103,8 @@ def record(stats: StreamStats) -> None:
         UPSTREAM_ABORTS.labels("guard_cut").inc()
         if cut.decision == "guard_error":
             GUARD_FAILURES.labels("fail_closed").inc()
+    for _ in stats.guard_fail_open:     # the guard failed, the policy let the text through unscored
+        GUARD_FAILURES.labels("fail_open").inc()
     for n in stats.held_back:
         HELD_BACK.labels(model).observe(n)
     for dt in stats.guard_step:

@@ -9,6 +9,7 @@ caller must abort the engine request and finish the choice with ``finish_reason=
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,6 +39,29 @@ class SafetyCut:
         d = asdict(self)
         d["features"] = [asdict(f) for f in self.features]
         return d
+
+
+@dataclass(frozen=True, slots=True)
+class GuardFailure:
+    """The guard could not score and the policy failed *open*: the text went on unscored. (A fail-closed
+    failure needs no report: it is the ``guard_error`` :class:`SafetyCut` itself.)"""
+
+    gate: str                            # "prompt" | "response"
+    token_offset: int                    # generated tokens released (scored) before the failure
+    error: str                           # the exception's type name (no message: it may quote content)
+
+
+# A caller that counts fail-open failures puts a list here around its calls into ``check_prompt`` and
+# each step of a ``watch`` stream; a guard calls :func:`report_fail_open` where it lets text through
+# unscored. (An async generator's step runs in the context of the task that awaits it, so the report
+# lands in the list of the request being served.) Nothing is recorded when no list is set.
+FAIL_OPEN_SINK: ContextVar[list[GuardFailure] | None] = ContextVar("nextguard_guard_fail_open", default=None)
+
+
+def report_fail_open(gate: str, token_offset: int, error: BaseException) -> None:
+    sink = FAIL_OPEN_SINK.get()
+    if sink is not None:
+        sink.append(GuardFailure(gate=gate, token_offset=token_offset, error=type(error).__name__))
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from guard.api import FeatureActivation, GuardPolicy, SafetyCut
+from guard.api import FeatureActivation, GuardPolicy, SafetyCut, report_fail_open
 from guard.bundle import MonitorSpec, finite_scores, load_model_for
 from guard.config import GuardSettings
 from guard.features import PROMPT_PREFIX, RESPONSE_SEP, format_sample, token_span
@@ -383,6 +383,7 @@ class NextGuard:
         except Exception as e:
             if policy.fail_closed:
                 return self._error_cut("prompt", 0, e)
+            report_fail_open("prompt", 0, e)
             return None
         s = r["seq"]
         if s.cut is None:
@@ -445,6 +446,7 @@ class NextGuard:
             if policy.fail_closed:
                 yield self._error_cut("response", 0, e)
                 return
+            report_fail_open("response", 0, e)
             async for d in deltas:
                 yield d
             return
@@ -492,6 +494,7 @@ class NextGuard:
             if policy.fail_closed:
                 yield self._error_cut("response", st.released_tokens, e)
                 return
+            report_fail_open("response", st.released_tokens, e)
             failed_open = True
         finally:
             await self.engine.release(slot)

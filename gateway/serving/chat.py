@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.errors import OpenAIError, bad_request
 from gateway.protocol import (
@@ -30,12 +30,11 @@ from gateway.serving.common import (
     check_prompt_len,
     choice_options,
     choice_stream,
-    content_filter_error,
     merge,
     new_id,
     stop_tuple,
 )
-from guard.api import GuardPolicy, SafetyCut
+from guard.api import GuardFailure, GuardPolicy, SafetyCut
 from inference.types import SamplingOptions, TokenDelta, TokenLogprob
 
 
@@ -53,6 +52,7 @@ class PreparedChat:
     want_logprobs: bool
     include_scores: bool = False
     threshold: float | None = None
+    guard_fail_open: list[GuardFailure] = field(default_factory=list)   # prompt gate, failed open
 
 
 def guard_prompt_text(req: ChatCompletionRequest) -> str:
@@ -107,14 +107,12 @@ class ServingChat(ServingBase):
         )
         policy = self.resolve_policy(req.guard, tenant_policy, allow_disable)
         prompt_text = guard_prompt_text(req)
-        if self.guard is not None and policy.enabled:
-            cut = await self.guard.check_prompt(prompt_text, policy)
-            if cut is not None:
-                raise content_filter_error(cut)
+        fail_open = await self.check_prompt(prompt_text, policy)
         include_scores = bool(req.guard and req.guard.include_scores and self.guard is not None and policy.enabled)
         threshold_fn = getattr(self.guard, "threshold", None)
         return PreparedChat(
             include_scores=include_scores,
+            guard_fail_open=fail_open,
             threshold=threshold_fn("response", policy) if include_scores and threshold_fn is not None else None,
             id=new_id("chatcmpl"),
             created=int(time.time()),
@@ -147,6 +145,7 @@ class ServingChat(ServingBase):
     async def stream(self, p: PreparedChat, stats: StreamStats) -> AsyncIterator[ChatCompletionChunk]:
         """Chunk objects for one streamed request (role first, content, finish, optional usage)."""
         stats.prompt_tokens = len(p.prompt_ids)
+        stats.guard_fail_open.extend(p.guard_fail_open)
 
         def chunk(choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
             return ChatCompletionChunk(id=p.id, created=p.created, model=p.model, choices=choices)
@@ -195,6 +194,7 @@ class ServingChat(ServingBase):
 
     async def complete(self, p: PreparedChat, stats: StreamStats) -> ChatCompletion:
         stats.prompt_tokens = len(p.prompt_ids)
+        stats.guard_fail_open.extend(p.guard_fail_open)
         texts = [""] * p.n
         lps: list[list[TokenLogprob]] = [[] for _ in range(p.n)]
         finish: list[str | None] = [None] * p.n

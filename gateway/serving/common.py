@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import OpenAIError, bad_request, not_found, not_ready
-from guard.api import GuardPolicy, SafetyCut, StreamGuard
+from guard.api import FAIL_OPEN_SINK, GuardFailure, GuardPolicy, SafetyCut, StreamGuard
 from inference.engine import EngineClient, EngineError, PromptTooLongError
 from inference.types import SamplingOptions, TokenDelta
 
@@ -86,6 +86,8 @@ class StreamStats:
     error: str | None = None
     guard_step: list[float] = field(default_factory=list)   # engine arrival -> guard release, per token delta
     held_back: list[int] = field(default_factory=list)      # per cut choice: tokens received but never sent
+    # the guard failed and the policy let the text through unscored (prompt gate or a choice's stream)
+    guard_fail_open: list[GuardFailure] = field(default_factory=list)
 
     def on_tokens(self, n: int) -> None:
         if n <= 0:
@@ -146,7 +148,8 @@ async def choice_stream(
 
     Timeouts come from :data:`STREAM_TIMEOUTS`; one that fires raises a 504 ``OpenAIError`` (an in-stream
     error frame once streaming started) and aborts the engine request. With ``stats`` the guard's per-delta
-    delay and, on a cut, the withheld token count are recorded."""
+    delay and, on a cut, the withheld token count are recorded, and so is a guard failure the policy let
+    through (fail-open: the guard reports it into :data:`guard.api.FAIL_OPEN_SINK` while we drive it)."""
     deltas = engine.generate(prompt_ids, options, request_id)
     source: AsyncIterator[Item] = deltas
     arrivals: dict[int, tuple[float, int]] = {}
@@ -159,12 +162,15 @@ async def choice_stream(
     deadline = (limits.started if limits.started is not None else loop.time()) + limits.total_s
     it = source.__aiter__()
     first = True
+    fail_open = stats.guard_fail_open if stats is not None else []
     try:
         while True:
             gap_s = limits.first_token_s if first else limits.idle_s
             kind = "first_token_timeout" if first else "idle_timeout"
             if deadline - loop.time() < gap_s:
                 gap_s, kind = max(0.0, deadline - loop.time()), "request_timeout"
+            # Set around each step only: between our own yields the context belongs to our consumer.
+            sink_token = FAIL_OPEN_SINK.set(fail_open)
             try:
                 async with asyncio.timeout(gap_s):
                     item = await anext(it)
@@ -174,6 +180,8 @@ async def choice_stream(
                 if stats is not None:
                     stats.error = kind      # counted as gateway_errors_total{stage=<kind>}
                 raise _timeout_error(kind, limits.total_s if kind == "request_timeout" else gap_s) from None
+            finally:
+                FAIL_OPEN_SINK.reset(sink_token)
             first = False
             if isinstance(item, SafetyCut):
                 await engine.abort(request_id)
@@ -274,6 +282,21 @@ class ServingBase:
         self.guard = guard
         self.default_policy = default_policy
         self.allow_guard_disable = allow_guard_disable
+
+    async def check_prompt(self, prompt_text: str, policy: GuardPolicy) -> list[GuardFailure]:
+        """The prompt gate: raise 400 ``content_filter`` on a cut; return the failures the policy let
+        through (fail-open), which the caller adds to the request's :class:`StreamStats`."""
+        failures: list[GuardFailure] = []
+        if self.guard is None or not policy.enabled:
+            return failures
+        token = FAIL_OPEN_SINK.set(failures)
+        try:
+            cut = await self.guard.check_prompt(prompt_text, policy)
+        finally:
+            FAIL_OPEN_SINK.reset(token)
+        if cut is not None:
+            raise content_filter_error(cut)
+        return failures
 
     def resolve_policy(self, overrides: Any | None, tenant_policy: GuardPolicy | None, allow_disable: bool | None) -> GuardPolicy:
         # the tenant's policy (set by the ops layer from the API key) replaces the deployment default

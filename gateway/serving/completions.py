@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.errors import bad_request
 from gateway.protocol import (
@@ -24,12 +24,11 @@ from gateway.serving.common import (
     check_prompt_len,
     choice_options,
     choice_stream,
-    content_filter_error,
     merge,
     new_id,
     stop_tuple,
 )
-from guard.api import GuardPolicy, SafetyCut
+from guard.api import GuardFailure, GuardPolicy, SafetyCut
 from inference.types import SamplingOptions, TokenDelta, TokenLogprob
 
 
@@ -46,6 +45,7 @@ class PreparedCompletion:
     logprobs: int | None
     echo_only: bool                            # max_tokens == 0: score the prompt, generate nothing
     include_usage: bool
+    guard_fail_open: list[GuardFailure] = field(default_factory=list)   # prompt gate, failed open
 
 
 class LogprobBuilder:
@@ -110,11 +110,9 @@ class ServingCompletion(ServingBase):
             min_tokens=req.min_tokens,
         )
         policy = self.resolve_policy(req.guard, tenant_policy, allow_disable)
-        if self.guard is not None and policy.enabled:
-            for _, text in prompts:
-                cut = await self.guard.check_prompt(text, policy)
-                if cut is not None:
-                    raise content_filter_error(cut)
+        fail_open: list[GuardFailure] = []
+        for _, text in prompts:
+            fail_open += await self.check_prompt(text, policy)
         return PreparedCompletion(
             id=new_id("cmpl"),
             created=int(time.time()),
@@ -127,6 +125,7 @@ class ServingCompletion(ServingBase):
             logprobs=req.logprobs,
             echo_only=echo_only,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
+            guard_fail_open=fail_open,
         )
 
     def _streams(self, p: PreparedCompletion, stats: StreamStats) -> list[AsyncIterator[TokenDelta | SafetyCut]]:
@@ -159,6 +158,7 @@ class ServingCompletion(ServingBase):
 
     async def stream(self, p: PreparedCompletion, stats: StreamStats) -> AsyncIterator[Completion]:
         stats.prompt_tokens = sum(len(ids) for ids, _ in p.prompts) * p.n
+        stats.guard_fail_open.extend(p.guard_fail_open)
         echoed, builders = self._choice_ready(p)
         async for k, item in merge(self._streams(p, stats)):
             if isinstance(item, SafetyCut):
