@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -240,6 +241,8 @@ class OwnerStore:
         return f"{self.prefix}:owner:{kind}:{rid}"
 
     async def claim(self, kind: str, rid: str, principal: Principal) -> None:
+        if self._unrestricted(principal):
+            return      # the operator and the single-tenant deployment see everything: nothing to record
         key = self._key(kind, rid)
         pipe = self.redis.pipeline(transaction=True)
         pipe.sadd(key, principal.tenant)
@@ -271,6 +274,38 @@ class OwnerStore:
             pipe.sismember(self._key(kind, rid), principal.tenant)
         flags = await pipe.execute()
         return [rid for rid, ok in zip(ids, flags, strict=True) if ok]
+
+    async def page(
+        self,
+        kind: str,
+        principal: Principal,
+        fetch: Callable[[int, str | None], Awaitable[list[dict[str, Any]]]],
+        limit: int,
+        after: str | None,
+        *,
+        batch: int = 100,
+        max_scanned: int = 10_000,
+    ) -> list[dict[str, Any]]:
+        """Up to ``limit`` items (``{"id": ...}`` dicts, newest first) the caller may see, after ``after``.
+
+        ``fetch(n, after)`` is the store's own pager. Without restriction that is one call; otherwise pages
+        are read and filtered until ``limit`` visible items are found or the store is exhausted, so other
+        tenants' items neither show up nor leave short pages. ``max_scanned`` bounds the work per call."""
+        if self._unrestricted(principal):
+            return await fetch(limit, after)
+        out: list[dict[str, Any]] = []
+        cursor, scanned = after, 0
+        while len(out) < limit and scanned < max_scanned:
+            items = await fetch(batch, cursor)
+            if not items:
+                break
+            scanned += len(items)
+            ok = set(await self.visible(kind, [str(x["id"]) for x in items], principal))
+            out.extend(x for x in items if x["id"] in ok)
+            if len(items) < batch or items[-1]["id"] == cursor:
+                break
+            cursor = str(items[-1]["id"])
+        return out[:limit]
 
 
 def _principal(request: Request) -> Principal:

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
-from fastapi import APIRouter
 
-from gateway.auth import Authenticator, KeyStore, OwnersDep, OwnerStore, Principal, PrincipalDep, hash_key
+from gateway.auth import Authenticator, KeyStore, OwnerStore, Principal, hash_key
 from gateway.errors import OpenAIError
 from gateway.ops_config import AuthSettings, OpsSettings
+from offline_suites import batch as B
+from offline_suites.config import SuiteSettings
+from offline_suites.keys import Keys
 from tests.doubles import ScriptedEngine, ScriptedGuard
 from tests.ops.conftest import assert_openai_error, chat, client, dead_redis_url, make_app
 
@@ -128,41 +132,146 @@ async def test_admin_key_works_without_redis() -> None:
     assert e.value.status == 503      # no key store to ask: unavailable, not "wrong key"
 
 
-async def test_other_tenants_job_is_refused(tmp_path: Path, redis_url: str, prefix: str) -> None:
-    """A resource claimed by tenant A answers 404 to tenant B (same as an unknown id), 200 to A and the operator."""
+ADMIN_KEY = "op-secret-123"
+RUN = {"preset": "smoke", "config": {"llm_dialogues": 0, "dialogues": 2}}     # queued only: no worker runs it
+BATCH_LINE = json.dumps({"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions",
+                         "body": {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}})
+
+
+@pytest.fixture
+async def jobs_app(tmp_path: Path, redis_url: str, prefix: str) -> AsyncIterator[tuple[Any, Any, SuiteSettings]]:
+    """The real app with auth on and the real suite/batch routes; run, file and batch records under the
+    test's own prefix (removed afterwards with the ops keys)."""
     app, rt = make_app(ScriptedEngine(), tmp_path, redis_url=redis_url, prefix=prefix,
-                       ops=auth_ops(admin_key="op-secret-123"))
-    router = APIRouter()
+                       ops=auth_ops(admin_key=ADMIN_KEY))
+    s = SuiteSettings(key_prefix=f"{prefix}:suites:", results_dir=tmp_path / "results")
+    app.state.suite_settings = s
+    app.state.redis = aioredis.Redis.from_url(redis_url)
+    yield app, rt, s
+    await app.state.redis.aclose()
+    import redis
 
-    @router.post("/v1/test-runs")
-    async def create_run(principal: PrincipalDep, owners: OwnersDep) -> dict[str, str]:
-        await owners.claim("run", "run-1", principal)
-        return {"id": "run-1"}
+    r = redis.Redis.from_url(redis_url)
+    for pat in Keys(s.key_prefix).patterns():
+        keys = list(r.scan_iter(match=pat, count=1000))
+        if keys:
+            r.delete(*keys)
+    r.close()
 
-    @router.get("/v1/test-runs/{rid}")
-    async def get_run(rid: str, principal: PrincipalDep, owners: OwnersDep) -> dict[str, str]:
-        await owners.check("run", rid, principal)
-        return {"id": rid, "tenant": principal.tenant}
 
-    app.include_router(router)
-    assert rt.keys is not None
+def _same_404(got: httpx.Response, unknown: httpx.Response, rid: str, unknown_id: str, code: str) -> None:
+    """Another tenant's id reads exactly like an id that does not exist."""
+    err = assert_openai_error(got, 404, code)
+    err_unknown = assert_openai_error(unknown, 404, code)
+    assert err["message"].replace(rid, "X") == err_unknown["message"].replace(unknown_id, "X")
+    assert err["param"] == err_unknown["param"]
+
+
+async def test_other_tenants_jobs_are_refused(jobs_app: tuple[Any, Any, SuiteSettings]) -> None:
+    """Tenant A's run, file and batch answer 404 to tenant B on every route (as an unknown id would) and are
+    missing from B's listings; A and the operator key see them."""
+    app, rt, s = jobs_app
     key_a, _ = await rt.keys.create("tenant-a")
     key_b, _ = await rt.keys.create("tenant-b")
-    async with client(app, key_a) as a, client(app, key_b) as b, client(app, "op-secret-123") as op:
-        assert (await a.post("/v1/test-runs")).status_code == 200
-        assert (await a.get("/v1/test-runs/run-1")).json() == {"id": "run-1", "tenant": "tenant-a"}
-        err_b = assert_openai_error(await b.get("/v1/test-runs/run-1"), 404, "not_found")
-        err_unknown = assert_openai_error(await a.get("/v1/test-runs/run-2"), 404, "not_found")
-        assert err_b["message"].replace("run-1", "X") == err_unknown["message"].replace("run-2", "X")
-        assert (await op.get("/v1/test-runs/run-1")).status_code == 200
-        assert_openai_error(await b.get("/v1/test-runs/run-1", headers={"Authorization": ""}), 401)
+    async with client(app, key_a) as a, client(app, key_b) as b, client(app, ADMIN_KEY) as op:
+        r = await a.post("/v1/suites/tableagent/runs", json=RUN)
+        assert r.status_code == 201, r.text
+        run_id = r.json()["id"]
+        r = await a.post("/v1/files", files={"file": ("in.jsonl", BATCH_LINE.encode())}, data={"purpose": "batch"})
+        assert r.status_code == 200, r.text
+        file_id = r.json()["id"]
+        r = await a.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"})
+        assert r.status_code == 200, r.text
+        batch_id = r.json()["id"]
+        b_run = (await b.post("/v1/suites/tableagent/runs", json={**RUN, "seed": 7})).json()["id"]
 
-    owners = OwnerStore(rt.redis, prefix)
+        # the owner
+        assert (await a.get(f"/v1/runs/{run_id}")).json()["status"] == "queued"
+        assert_openai_error(await a.get(f"/v1/runs/{run_id}/artifacts/x.png"), 404, "artifact_not_found")  # past the owner check
+        assert [x["id"] for x in (await a.get("/v1/runs")).json()["data"]] == [run_id]
+        assert (await a.get(f"/v1/files/{file_id}")).status_code == 200
+        assert (await a.get(f"/v1/files/{file_id}/content")).content.strip() == BATCH_LINE.encode()
+        assert (await a.get(f"/v1/batches/{batch_id}")).json()["id"] == batch_id
+        assert [x["id"] for x in (await a.get("/v1/batches")).json()["data"]] == [batch_id]
+
+        # another tenant with a valid key: every route answers as for an id that does not exist
+        for method, path, unknown, rid, code in [
+            ("GET", f"/v1/runs/{run_id}", "/v1/runs/run-nope", run_id, "run_not_found"),
+            ("GET", f"/v1/runs/{run_id}/artifacts/x.png", "/v1/runs/run-nope/artifacts/x.png", run_id, "run_not_found"),
+            ("POST", f"/v1/runs/{run_id}/cancel", "/v1/runs/run-nope/cancel", run_id, "run_not_found"),
+            ("GET", f"/v1/files/{file_id}", "/v1/files/run-nope", file_id, "file_not_found"),
+            ("GET", f"/v1/files/{file_id}/content", "/v1/files/run-nope/content", file_id, "file_not_found"),
+            ("GET", f"/v1/batches/{batch_id}", "/v1/batches/run-nope", batch_id, "batch_not_found"),
+            ("POST", f"/v1/batches/{batch_id}/cancel", "/v1/batches/run-nope/cancel", batch_id, "batch_not_found"),
+        ]:
+            _same_404(await b.request(method, path), await b.request(method, unknown), rid, "run-nope", code)
+        r = await b.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"})
+        assert_openai_error(r, 404, "file_not_found")               # cannot batch over A's upload either
+        assert [x["id"] for x in (await b.get("/v1/runs")).json()["data"]] == [b_run]
+        assert (await b.get("/v1/batches")).json()["data"] == []
+        # B's cancel did nothing to A's run or batch
+        assert (await a.get(f"/v1/runs/{run_id}")).json()["cancel_requested"] is False
+        assert (await a.get(f"/v1/batches/{batch_id}")).json()["status"] == "validating"
+
+        # the operator key sees every tenant's jobs
+        assert (await op.get(f"/v1/runs/{run_id}")).status_code == 200
+        assert {x["id"] for x in (await op.get("/v1/runs")).json()["data"]} == {run_id, b_run}
+        assert (await op.get(f"/v1/files/{file_id}")).status_code == 200
+        assert (await op.get(f"/v1/batches/{batch_id}")).status_code == 200
+
+        # a batch's output file (written by a worker, which knows no tenant) is readable by the batch's owner
+        redis = app.state.redis
+        out = await B.store_file(redis, s, b'{"custom_id": "c1"}\n', f"{batch_id}_output.jsonl", "batch_output")
+        rec = await B.get_batch(redis, s, batch_id)
+        assert rec is not None
+        await redis.set(Keys(s.key_prefix).batch(batch_id), json.dumps({**rec, "output_file_id": out["id"]}))
+        assert (await a.get(f"/v1/batches/{batch_id}")).json()["output_file_id"] == out["id"]
+        assert (await a.get(f"/v1/files/{out['id']}/content")).status_code == 200
+        assert_openai_error(await b.get(f"/v1/files/{out['id']}/content"), 404, "file_not_found")
+
+        # the owner can cancel
+        r = await a.post(f"/v1/runs/{run_id}/cancel")
+        assert r.status_code == 200 and r.json()["status"] == "cancelled"
+
+    # the owner sets behind the routes
+    owners = OwnerStore(rt.redis, rt.settings.redis.key_prefix)
     a_p, b_p = Principal("tenant-a", "key_a"), Principal("tenant-b", "key_b")
-    assert await owners.visible("run", ["run-1", "run-2"], a_p) == ["run-1"]
-    assert await owners.visible("run", ["run-1", "run-2"], b_p) == []
-    # without auth there is one tenant and nothing to hide
-    assert await owners.visible("run", ["run-1", "run-2"], Principal("default", None)) == ["run-1", "run-2"]
+    assert await owners.visible("run", [run_id, b_run], a_p) == [run_id]
+    assert await owners.visible("run", [run_id, b_run], b_p) == [b_run]
+    # without auth there is one tenant and nothing to hide (and nothing is recorded for it)
+    assert await owners.visible("run", [run_id, "run-2"], Principal("default", None)) == [run_id, "run-2"]
+
+
+async def test_job_routes_refuse_missing_bad_and_revoked_keys(jobs_app: tuple[Any, Any, SuiteSettings]) -> None:
+    app, rt, _ = jobs_app
+    revoked, rec = await rt.keys.create("tenant-a")
+    await rt.keys.revoke(rec.id)
+    routes = [("POST", "/v1/suites/tableagent/runs"), ("GET", "/v1/runs"), ("GET", "/v1/runs/r1"),
+              ("GET", "/v1/runs/r1/artifacts/a.png"), ("POST", "/v1/runs/r1/cancel"), ("POST", "/v1/files"),
+              ("GET", "/v1/files/f1"), ("GET", "/v1/files/f1/content"), ("POST", "/v1/batches"),
+              ("GET", "/v1/batches"), ("GET", "/v1/batches/b1"), ("POST", "/v1/batches/b1/cancel")]
+    for key, code in ((None, "missing_api_key"), ("ngk_not-a-key", "invalid_api_key"), (revoked, "revoked_api_key")):
+        async with client(app, key) as c:
+            for method, path in routes:
+                assert_openai_error(await c.request(method, path, json=RUN if method == "POST" else None), 401, code)
+
+
+async def test_runs_listing_pages_over_visible_runs_only(jobs_app: tuple[Any, Any, SuiteSettings]) -> None:
+    """Other tenants' runs in between must neither show up nor cut pages short."""
+    app, rt, _ = jobs_app
+    key_a, _ = await rt.keys.create("tenant-a")
+    key_b, _ = await rt.keys.create("tenant-b")
+    mine = []
+    async with client(app, key_a) as a, client(app, key_b) as b:
+        for seed in range(3):
+            mine.append((await a.post("/v1/suites/tableagent/runs", json={**RUN, "seed": seed})).json()["id"])
+            for k in range(2):
+                assert (await b.post("/v1/suites/tableagent/runs", json={**RUN, "seed": 100 + 10 * seed + k})).status_code == 201
+        newest_first = mine[::-1]
+        p1 = (await a.get("/v1/runs", params={"limit": 2})).json()
+        assert [x["id"] for x in p1["data"]] == newest_first[:2] and p1["has_more"] is True
+        p2 = (await a.get("/v1/runs", params={"limit": 2, "after": p1["last_id"]})).json()
+        assert [x["id"] for x in p2["data"]] == newest_first[2:] and p2["has_more"] is False
 
 
 def test_keys_cli(redis_url: str, prefix: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,11 @@
 """OpenAI Batch API: ``/v1/files`` (purpose=batch) and ``/v1/batches``. Lines are executed by the
 suite workers, which POST each one to this gateway's public API so it takes the guarded path
-(see ``offline_suites.batch``)."""
+(see ``offline_suites.batch``).
+
+Files and batches belong to the tenant that created them (``gateway.auth.OwnerStore``, kinds ``file`` and
+``batch``): any other tenant gets the same 404 an unknown id gets, and listings show only the caller's
+batches. A batch's output and error files are written by a worker, so they are claimed for the batch's
+owners when the batch object that names them is read."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
 from gateway.api.routes.suites import redis_client, suite_settings
+from gateway.auth import OwnersDep, OwnerStore, Principal, PrincipalDep
 from gateway.errors import OpenAIError
 from offline_suites import batch as B
 
@@ -25,7 +31,8 @@ class BatchRequest(BaseModel):
 
 
 @router.post("/v1/files")
-async def files_create(request: Request, file: UploadFile = File(...), purpose: str = Form(...)) -> dict[str, Any]:
+async def files_create(request: Request, principal: PrincipalDep, owners: OwnersDep, file: UploadFile = File(...),
+                       purpose: str = Form(...)) -> dict[str, Any]:
     """Upload a JSONL batch input file."""
     if purpose != "batch":
         raise OpenAIError(400, f"Unsupported purpose {purpose!r}: this server accepts only purpose='batch'.",
@@ -38,7 +45,9 @@ async def files_create(request: Request, file: UploadFile = File(...), purpose: 
         raise OpenAIError(400, f"Invalid batch file: {e}", param="file", code="invalid_file") from e
     except UnicodeDecodeError as e:
         raise OpenAIError(400, "Invalid batch file: not UTF-8", param="file", code="invalid_file") from e
-    return await B.store_file(redis_client(request), s, data, file.filename or "batch.jsonl", purpose)
+    f = await B.store_file(redis_client(request), s, data, file.filename or "batch.jsonl", purpose)
+    await owners.claim("file", f["id"], principal)
+    return f
 
 
 def _first_url(data: bytes) -> str:
@@ -54,64 +63,92 @@ def _first_url(data: bytes) -> str:
     return ""
 
 
-async def _file(request: Request, file_id: str) -> dict[str, Any]:
+def _file_not_found(file_id: str) -> OpenAIError:
+    return OpenAIError(404, f"No such File object: {file_id}", param="file_id", code="file_not_found")
+
+
+def _batch_not_found(batch_id: str) -> OpenAIError:
+    return OpenAIError(404, f"No such batch: {batch_id}", param="batch_id", code="batch_not_found")
+
+
+async def _file(request: Request, file_id: str, principal: Principal, owners: OwnerStore) -> dict[str, Any]:
+    await owners.check("file", file_id, principal, _file_not_found(file_id))
     f = await B.get_file(redis_client(request), suite_settings(request), file_id)
     if f is None:
-        raise OpenAIError(404, f"No such File object: {file_id}", param="file_id", code="file_not_found")
+        raise _file_not_found(file_id)
     return f
 
 
+async def _claim_outputs(b: dict[str, Any], principal: Principal, owners: OwnerStore) -> dict[str, Any]:
+    """The worker writes a batch's output/error files without knowing the tenant: whoever may read the
+    batch may read the files it names."""
+    for key in ("output_file_id", "error_file_id"):
+        if b.get(key) and not await owners.owns("file", b[key], principal):
+            await owners.claim("file", b[key], principal)
+    return b
+
+
 @router.get("/v1/files/{file_id}")
-async def files_get(file_id: str, request: Request) -> dict[str, Any]:
+async def files_get(file_id: str, request: Request, principal: PrincipalDep, owners: OwnersDep) -> dict[str, Any]:
     """File metadata."""
-    return await _file(request, file_id)
+    return await _file(request, file_id, principal, owners)
 
 
 @router.get("/v1/files/{file_id}/content")
-async def files_content(file_id: str, request: Request) -> FileResponse:
+async def files_content(file_id: str, request: Request, principal: PrincipalDep, owners: OwnersDep) -> FileResponse:
     """File bytes (batch input, output or error JSONL)."""
-    await _file(request, file_id)
+    await _file(request, file_id, principal, owners)
     return FileResponse(B.file_path(suite_settings(request), file_id), media_type="application/jsonl")
 
 
 @router.post("/v1/batches")
-async def batches_create(body: BatchRequest, request: Request) -> dict[str, Any]:
+async def batches_create(body: BatchRequest, request: Request, principal: PrincipalDep, owners: OwnersDep) -> dict[str, Any]:
     """Create a batch from an uploaded file; it starts in ``validating``."""
     if body.endpoint not in B.ENDPOINTS:
         raise OpenAIError(400, f"Unsupported endpoint {body.endpoint!r}. Available: {', '.join(B.ENDPOINTS)}",
                           param="endpoint", code="invalid_endpoint")
     if body.completion_window != "24h":
         raise OpenAIError(400, "completion_window must be '24h'", param="completion_window")
-    f = await _file(request, body.input_file_id)
+    f = await _file(request, body.input_file_id, principal, owners)   # another tenant's file: 404, as unknown
     if f["purpose"] != "batch":
         raise OpenAIError(400, f"File {body.input_file_id} has purpose {f['purpose']!r}, not 'batch'",
                           param="input_file_id")
-    return await B.create_batch(redis_client(request), suite_settings(request), body.input_file_id, body.endpoint,
-                                body.completion_window, body.metadata)
+    b = await B.create_batch(redis_client(request), suite_settings(request), body.input_file_id, body.endpoint,
+                             body.completion_window, body.metadata)
+    await owners.claim("batch", b["id"], principal)
+    return b
 
 
 @router.get("/v1/batches")
-async def batches_list(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None) -> dict[str, Any]:
-    """Batches, newest first."""
-    items = await B.list_batches(redis_client(request), suite_settings(request), limit + 1, after)
-    data = items[:limit]
+async def batches_list(request: Request, principal: PrincipalDep, owners: OwnersDep,
+                       limit: int = Query(20, ge=1, le=100), after: str | None = None) -> dict[str, Any]:
+    """The caller's batches, newest first."""
+    redis, s = redis_client(request), suite_settings(request)
+
+    async def fetch(n: int, cursor: str | None) -> list[dict[str, Any]]:
+        return await B.list_batches(redis, s, n, cursor)
+
+    items = await owners.page("batch", principal, fetch, limit + 1, after)
+    data = [await _claim_outputs(b, principal, owners) for b in items[:limit]]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": len(items) > limit}
 
 
 @router.get("/v1/batches/{batch_id}")
-async def batches_get(batch_id: str, request: Request) -> dict[str, Any]:
+async def batches_get(batch_id: str, request: Request, principal: PrincipalDep, owners: OwnersDep) -> dict[str, Any]:
     """One batch: status, request counts, output/error file ids."""
+    await owners.check("batch", batch_id, principal, _batch_not_found(batch_id))
     b = await B.get_batch(redis_client(request), suite_settings(request), batch_id)
     if b is None:
-        raise OpenAIError(404, f"No such batch: {batch_id}", param="batch_id", code="batch_not_found")
-    return b
+        raise _batch_not_found(batch_id)
+    return await _claim_outputs(b, principal, owners)
 
 
 @router.post("/v1/batches/{batch_id}/cancel")
-async def batches_cancel(batch_id: str, request: Request) -> dict[str, Any]:
+async def batches_cancel(batch_id: str, request: Request, principal: PrincipalDep, owners: OwnersDep) -> dict[str, Any]:
     """Request cancellation; in-flight lines finish, the rest are skipped."""
+    await owners.check("batch", batch_id, principal, _batch_not_found(batch_id))
     b = await B.cancel_batch(redis_client(request), suite_settings(request), batch_id)
     if b is None:
-        raise OpenAIError(404, f"No such batch: {batch_id}", param="batch_id", code="batch_not_found")
-    return b
+        raise _batch_not_found(batch_id)
+    return await _claim_outputs(b, principal, owners)

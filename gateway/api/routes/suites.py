@@ -1,5 +1,8 @@
 """Offline evaluation suites and their runs (``/v1/suites``, ``/v1/runs``). Thin: logic lives in
-``offline_suites.jobs``; runs execute on ``nextguard worker`` processes through Redis."""
+``offline_suites.jobs``; runs execute on ``nextguard worker`` processes through Redis.
+
+A run belongs to the tenants that submitted it (``gateway.auth.OwnerStore``, kind ``run``); to every other
+tenant it answers exactly like an unknown id, and listings show only the caller's runs."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
+from gateway.auth import OwnersDep, PrincipalDep
 from gateway.errors import OpenAIError
 from offline_suites.base import ConfigError
 from offline_suites.config import SuiteSettings
@@ -63,7 +67,8 @@ async def suites_list() -> dict[str, Any]:
 
 
 @router.post("/v1/suites/{name}/runs")
-async def runs_create(name: str, body: RunRequest, request: Request) -> JSONResponse:
+async def runs_create(name: str, body: RunRequest, request: Request, principal: PrincipalDep,
+                      owners: OwnersDep) -> JSONResponse:
     """Queue a run (idempotent on suite, version, config and seed); returns the run object."""
     try:
         get_suite(name)
@@ -73,21 +78,26 @@ async def runs_create(name: str, body: RunRequest, request: Request) -> JSONResp
         raise OpenAIError(404, str(e), param="name", code="suite_not_found") from e
     except ConfigError as e:
         raise OpenAIError(400, str(e), param="config", code="invalid_config") from e
+    # Idempotent runs are shared by content: a second tenant submitting the same run co-owns it.
+    await owners.claim("run", rec["id"], principal)
     return JSONResponse(public_view(rec), status_code=201 if created else 200)
 
 
 @router.get("/v1/runs")
-async def runs_list(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None) -> dict[str, Any]:
-    """Recent runs, newest first (without result bodies)."""
-    recs = await (await _store(request)).list(limit + 1, after)
+async def runs_list(request: Request, principal: PrincipalDep, owners: OwnersDep,
+                    limit: int = Query(20, ge=1, le=100), after: str | None = None) -> dict[str, Any]:
+    """The caller's recent runs, newest first (without result bodies)."""
+    store = await _store(request)
+    recs = await owners.page("run", principal, store.list, limit + 1, after)
     data = [public_view(r, include_result=False) for r in recs[:limit]]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": len(recs) > limit}
 
 
 @router.get("/v1/runs/{run_id}")
-async def runs_get(run_id: str, request: Request) -> dict[str, Any]:
+async def runs_get(run_id: str, request: Request, principal: PrincipalDep, owners: OwnersDep) -> dict[str, Any]:
     """Status, progress and (when finished) the SuiteResult of one run."""
+    await owners.check("run", run_id, principal, _not_found(run_id))
     rec = await (await _store(request)).get(run_id)
     if rec is None:
         raise _not_found(run_id)
@@ -95,8 +105,10 @@ async def runs_get(run_id: str, request: Request) -> dict[str, Any]:
 
 
 @router.get("/v1/runs/{run_id}/artifacts/{filename}")
-async def runs_artifact(run_id: str, filename: str, request: Request) -> FileResponse:
+async def runs_artifact(run_id: str, filename: str, request: Request, principal: PrincipalDep,
+                        owners: OwnersDep) -> FileResponse:
     """One stored artifact (PNG/JSON) of a run."""
+    await owners.check("run", run_id, principal, _not_found(run_id))
     rec = await (await _store(request)).get(run_id)
     if rec is None:
         raise _not_found(run_id)
@@ -111,8 +123,9 @@ async def runs_artifact(run_id: str, filename: str, request: Request) -> FileRes
 
 
 @router.post("/v1/runs/{run_id}/cancel")
-async def runs_cancel(run_id: str, request: Request) -> dict[str, Any]:
+async def runs_cancel(run_id: str, request: Request, principal: PrincipalDep, owners: OwnersDep) -> dict[str, Any]:
     """Cancel a queued or running run (a running suite stops at its next progress report)."""
+    await owners.check("run", run_id, principal, _not_found(run_id))
     try:
         rec = await cancel_run(redis_client(request), suite_settings(request), run_id)
     except RunNotFound as e:
