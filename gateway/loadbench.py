@@ -55,6 +55,7 @@ class LoadStats:
     itl: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
     tokens: int = 0
+    cuts: int = 0            # choices the guard ended with finish_reason=content_filter (not errors)
     wall: float = 0.0
 
     def error(self, kind: str) -> None:
@@ -77,6 +78,7 @@ class LoadStats:
             "requests_per_s": round(self.ok / self.wall, 2) if self.wall else 0.0,
             "content_chunks": self.tokens,
             "chunks_per_s": round(self.tokens / self.wall, 1) if self.wall else 0.0,
+            "guard_cuts": self.cuts,
             "ttft_ms": {"p50": ms(pct(self.ttft, 0.5)), "p90": ms(pct(self.ttft, 0.9)), "p99": ms(pct(self.ttft, 0.99))},
             "itl_ms": {"p50": ms(pct(self.itl, 0.5)), "p90": ms(pct(self.itl, 0.9)), "p99": ms(pct(self.itl, 0.99))},
             "e2e_ms": {"p50": ms(pct(self.e2e, 0.5)), "p90": ms(pct(self.e2e, 0.9)), "p99": ms(pct(self.e2e, 0.99))},
@@ -116,6 +118,8 @@ async def one_stream(client: httpx.AsyncClient, model: str, i: int, max_tokens: 
                 if "error" in obj:
                     stats.error("error_frame:" + str(obj["error"].get("code")))
                     return
+                if any(c.get("finish_reason") == "content_filter" for c in obj.get("choices", [])):
+                    stats.cuts += 1
                 if any((c.get("delta") or {}).get("content") for c in obj.get("choices", [])):
                     now = time.perf_counter()
                     if first is None:
@@ -235,6 +239,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storm", type=int, default=64, help="clients in the disconnect storm (0 = skip)")
     p.add_argument("--ready-timeout", type=float, default=900.0)
     p.add_argument("--out", default=None, help="also write the JSON report here")
+    p.add_argument("--guard", choices=["default", "on", "off"], default="default",
+                   help="the spawned gateway's guard: as configured (default), forced on, or off (ignored with --url)")
 
 
 def _free_port() -> int:
@@ -245,37 +251,60 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+def _log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float, log_path: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the gateway exited with code {proc.returncode} before it was ready")
+            raise RuntimeError(f"the gateway exited with code {proc.returncode} before it was ready; the end of "
+                               f"{log_path}:\n{_log_tail(log_path)}")
         try:
             if httpx.get(url + "/ready", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(1)
-    raise TimeoutError(f"{url} not ready after {timeout:.0f} s")
+    raise TimeoutError(f"{url} not ready after {timeout:.0f} s; the end of {log_path}:\n{_log_tail(log_path)}")
+
+
+def _box() -> dict[str, Any]:
+    """What else the machine was doing: the numbers mean little without it."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {"cpus": os.cpu_count(), "loadavg_1_5_15": [round(x, 2) for x in load]}
 
 
 def main(args: argparse.Namespace) -> int:
+    box_before = _box()
+    server: dict[str, Any] = {"spawned": args.url is None}
     with ExitStack() as stack:
         url = args.url
         if url is None:
             port = _free_port()
             home = Path(os.environ.get("NEXTGUARD_HOME", Path.home() / ".cache" / "nextguard"))
             (home / "bench").mkdir(parents=True, exist_ok=True)
-            log = stack.enter_context(open(home / "bench" / "load-gateway.log", "wb"))
+            log_path = home / "bench" / "load-gateway.log"
+            log = stack.enter_context(open(log_path, "wb"))
             cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            env = dict(os.environ)
+            if args.guard != "default":
+                env["NEXTGUARD_GUARD__ENABLED"] = "true" if args.guard == "on" else "false"
+            server.update(guard=args.guard, log=str(log_path))
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             stack.callback(_stop, proc)
             url = f"http://127.0.0.1:{port}"
-            _wait_ready(url, proc, args.ready_timeout)
+            _wait_ready(url, proc, args.ready_timeout, log_path)
         report = asyncio.run(
             bench(url, model=args.model, api_key=args.api_key, concurrency=args.concurrency, duration_s=args.duration,
                   max_tokens=args.max_tokens, storm=args.storm)
         )
+    report["server"] = server
+    report["box"] = {"before": box_before, "after": _box()}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     sys.stdout.write(json.dumps(report) + "\n")

@@ -59,3 +59,27 @@ async def test_64_streams_zero_errors_and_disconnect_storm(tmp_path: Path, redis
     assert engine.num_running() == 0
     assert len(engine.aborted) >= 64            # every departed client's engine request was aborted
     assert rt.admission is not None and rt.admission.in_flight == 0
+
+
+@pytest.mark.redis
+async def test_cli_report_names_the_box_and_exits_zero(tmp_path: Path, redis_url: str, prefix: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``nextguard bench load --url``: one JSON line last, with the machine's load next to the numbers."""
+    import argparse
+    import json
+
+    from gateway.loadbench import add_arguments, main
+
+    engine = ScriptedEngine(pieces=[f"w{i} " for i in range(8)], delay=0.002)
+    app, _ = make_app(engine, tmp_path, redis_url=redis_url, prefix=prefix)
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    async with serve_in_process(app) as base:
+        args = p.parse_args(["--url", base, "--concurrency", "4", "--duration", "0.5", "--storm", "4",
+                             "--max-tokens", "8", "--out", str(tmp_path / "report.json")])
+        rc = await asyncio.to_thread(main, args)
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and report["load"]["errors"] == 0 and report["disconnect_storm"]["running_after"] == 0
+    assert report["server"] == {"spawned": False}
+    assert report["box"]["before"]["cpus"] and len(report["box"]["after"]["loadavg_1_5_15"]) == 3
+    assert json.loads((tmp_path / "report.json").read_text()) == report
