@@ -2,6 +2,10 @@
 
 Sections (all CPU here; GPU rows when CUDA is present):
 
+0. **calibration** (``--dense-layers auto``, the default): per-layer attention-mass recall of the τ plan
+   on a held-out slice of the corpus at 8K; a layer below ``--recall-floor`` (0.95) at the global τ gets
+   the smallest τ in {0.95, 0.98, 0.99} that reaches the floor, or runs dense if none does, in every
+   later section, exactly as ``PBSSettings.layer_thresholds`` / ``dense_layers`` make the integrations do.
 1. **op**: attention-op latency, dense causal SDPA vs PBS (plan + sparse kernel, everything included),
    on real SmolLM2-135M Q/K/V captured from several layers at each length, plus density and
    attention-mass recall of the very plans that were timed.
@@ -18,7 +22,7 @@ the benchmark loads it with *linear RoPE scaling* (position interpolation, facto
 attention patterns at 16K/32K are therefore those of a position-interpolated model, not of a model
 trained at that length; this is stated in the report.
 
-``--quick`` runs only section 1 at 16K and 32K. The last printed line is always one JSON list with
+``--quick`` runs only sections 0 and 1 (at 16K and 32K). The last printed line is always one JSON list with
 ``{"len", "speedup_vs_sdpa", "recall", "density"}`` per op length.
 """
 
@@ -50,6 +54,7 @@ from inference.pbs_attn.synthetic import heavy_hitter_qkv
 
 TRAINED_POSITIONS = 8192
 TAUS = (0.8, 0.9, 0.95)
+CALIBRATION_TAUS = (0.95, 0.98, 0.99)
 CAPTURE_NAME = "nextguard_pbs_capture"
 
 
@@ -168,13 +173,13 @@ def op_row(
     """Dense SDPA vs PBS on each captured layer; alternating order per rep, medians over reps."""
     flex = get_backend(backend)
 
-    def pbs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Any, float]:
+    def pbs(q: Tensor, k: Tensor, v: Tensor, tau: float) -> tuple[Tensor, Any, float]:
         _sync()
         t0 = time.perf_counter()
         plan = make_plan(
             q,
             k,
-            threshold=settings.threshold,
+            threshold=tau,
             segment_size=settings.segment_size,
             block_size=settings.block_size,
         )
@@ -183,13 +188,15 @@ def op_row(
         return flex(q, k, v, plan), plan, t_plan
 
     layers = sorted(qkv)
+    sparse_layers = [i for i in layers if settings.layer_enabled(i)]
     dense_t: dict[int, list[float]] = {i: [] for i in layers}
     pbs_t: dict[int, list[float]] = {i: [] for i in layers}
     plan_t: dict[int, list[float]] = {i: [] for i in layers}
     plans = {}
     with torch.no_grad():
-        q, k, v = qkv[layers[0]]
-        pbs(q, k, v)  # compile / warm-up (the dynamic compile is shared by all lengths)
+        q, k, v = qkv[(sparse_layers or layers)[0]]
+        if sparse_layers:
+            pbs(q, k, v, settings.threshold)  # compile / warm-up (the dynamic compile is shared by all lengths)
         dense_causal(q, k, v)
         for rep in range(reps):
             for i in layers:
@@ -198,27 +205,34 @@ def op_row(
                 for which in order:
                     if which == "dense":
                         dense_t[i].append(_timed(functools.partial(dense_causal, q, k, v)))
+                    elif i not in sparse_layers:
+                        # An opted-out layer runs exactly what the integrations run for it: dense SDPA.
+                        pbs_t[i].append(_timed(functools.partial(dense_causal, q, k, v)))
+                        plan_t[i].append(0.0)
                     else:
                         _sync()
                         t0 = time.perf_counter()
-                        _, plan, tp = pbs(q, k, v)
+                        _, plan, tp = pbs(q, k, v, settings.threshold_for(i))
                         _sync()
                         pbs_t[i].append(time.perf_counter() - t0)
                         plan_t[i].append(tp)
                         plans[i] = plan
         recalls = {
-            i: attention_recall_many(qkv[i][0], qkv[i][1], [plans[i]])[0].mean().item() for i in layers
+            i: attention_recall_many(qkv[i][0], qkv[i][1], [plans[i]])[0].mean().item() if i in plans else 1.0
+            for i in layers
         }
+    densities = {i: plans[i].density().mean().item() if i in plans else 1.0 for i in layers}
     dense_s = sum(statistics.median(dense_t[i]) for i in layers)
     pbs_s = sum(statistics.median(pbs_t[i]) for i in layers)
     plan_s = sum(statistics.median(plan_t[i]) for i in layers)
-    density = statistics.mean(plans[i].density().mean().item() for i in layers)
+    density = statistics.mean(densities.values())
     return {
         "len": n,
         "layers": layers,
-        "dense_sdpa_s": round(dense_s, 4),
-        "pbs_s": round(pbs_s, 4),
-        "pbs_plan_s": round(plan_s, 4),
+        "dense_layers": [i for i in layers if i not in sparse_layers],
+        "dense_sdpa_s": round(dense_s, 6),
+        "pbs_s": round(pbs_s, 6),
+        "pbs_plan_s": round(plan_s, 6),
         "speedup_vs_sdpa": round(dense_s / pbs_s, 3),
         "recall": round(statistics.mean(recalls.values()), 4),
         "min_layer_recall": round(min(recalls.values()), 4),
@@ -227,12 +241,88 @@ def op_row(
             i: {
                 "dense_s": round(statistics.median(dense_t[i]), 4),
                 "pbs_s": round(statistics.median(pbs_t[i]), 4),
-                "density": round(plans[i].density().mean().item(), 4),
+                "density": round(densities[i], 4),
                 "recall": round(recalls[i], 4),
+                "path": "dense (opted out)" if i not in plans else f"pbs tau={settings.threshold_for(i)}",
             }
             for i in layers
         },
     }
+
+
+def choose_layer_threshold(
+    recall_by_tau: dict[float, float], density_by_tau: dict[float, float], tau: float, floor: float
+) -> float:
+    """The global ``tau`` if its recall reaches ``floor``; else the smallest larger candidate that does and
+    still computes fewer tiles than dense; else 1.0 (dense)."""
+    for t in sorted(x for x in recall_by_tau if x >= tau):
+        if recall_by_tau[t] >= floor and (t == tau or density_by_tau[t] < 1.0):
+            return t
+    return 1.0
+
+
+def calibrate_section(
+    settings: PBSSettings, n: int, floor: float, offset: int, candidates: tuple[float, ...] = CALIBRATION_TAUS
+) -> dict[str, Any]:
+    """Per-layer attention-mass recall on *calibration* text (a corpus slice the timed rows never see).
+    A layer whose head-mean recall at the global τ falls below ``floor`` gets the smallest candidate τ that
+    reaches it (``layer_thresholds``), or runs dense (``dense_layers``) when none does."""
+    model, tok = load_smollm2(n)
+    n_layers = model.config.num_hidden_layers
+    qkv = capture_qkv(model, corpus_ids(tok, n, offset=offset), list(range(n_layers)))
+    del model
+    taus = sorted({settings.threshold, *(t for t in candidates if t > settings.threshold)})
+    per_layer: dict[int, dict[str, Any]] = {}
+    with torch.no_grad():
+        for i in range(n_layers):
+            q, k, _ = qkv.pop(i)
+            plans = [
+                make_plan(
+                    q,
+                    k,
+                    threshold=t,
+                    segment_size=settings.segment_size,
+                    block_size=settings.block_size,
+                    gqa=settings.gqa,
+                )
+                for t in taus
+            ]
+            recs = attention_recall_many(q, k, plans)
+            recall = {t: round(r.mean().item(), 4) for t, r in zip(taus, recs, strict=True)}
+            density = {t: round(p.density().mean().item(), 4) for t, p in zip(taus, plans, strict=True)}
+            chosen = choose_layer_threshold(recall, density, settings.threshold, floor)
+            per_layer[i] = {
+                "recall": recall[settings.threshold],
+                "min_head_recall": round(recs[0].min().item(), 4),
+                "density": density[settings.threshold],
+                "recall_by_tau": {str(t): v for t, v in recall.items()},
+                "density_by_tau": {str(t): v for t, v in density.items()},
+                "chosen_tau": chosen,
+            }
+    dense = [i for i, r in per_layer.items() if r["chosen_tau"] >= 1.0]
+    overrides = {i: r["chosen_tau"] for i, r in per_layer.items() if settings.threshold < r["chosen_tau"] < 1.0}
+
+    def policy(key: str, i: int) -> float:
+        t = per_layer[i]["chosen_tau"]
+        return 1.0 if t >= 1.0 else float(per_layer[i][f"{key}_by_tau"][str(t)])
+
+    out = {
+        "len": n,
+        "corpus_offset": offset,
+        "recall_floor": floor,
+        "candidate_taus": taus,
+        "dense_layers": dense,
+        "layer_thresholds": overrides,
+        "per_layer": per_layer,
+        # What the calibrated policy gives over all layers on the calibration text (dense: recall 1, density 1).
+        "all_layers_recall": round(sum(policy("recall", i) for i in per_layer) / n_layers, 4),
+        "all_layers_density": round(sum(policy("density", i) for i in per_layer) / n_layers, 4),
+        "all_layers_recall_global_tau": round(sum(r["recall"] for r in per_layer.values()) / n_layers, 4),
+        "all_layers_density_global_tau": round(sum(r["density"] for r in per_layer.values()) / n_layers, 4),
+    }
+    summary = {k: out[k] for k in ("dense_layers", "layer_thresholds", "all_layers_recall", "all_layers_density")}
+    _log(f"calibration N={n}: {json.dumps(summary)}")
+    return out
 
 
 def op_section(
@@ -460,11 +550,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--threshold", type=float, default=0.9)
     ap.add_argument("--out", type=Path, default=Path("results/pbs_attn"))
+    ap.add_argument(
+        "--dense-layers",
+        default="auto",
+        help="per-layer policy: 'auto' (calibrate τ overrides / dense layers on a held-out corpus slice), "
+        "'none', or a dense-layer list such as '3,4'",
+    )
+    ap.add_argument("--recall-floor", type=float, default=0.95, help="per-layer recall floor for 'auto'")
+    ap.add_argument("--calibration-len", type=int, default=8192)
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     settings = PBSSettings(attention="pbs", threshold=args.threshold, min_len=0)
     lengths = args.lengths or ([16384, 32768] if args.quick else [4096, 8192, 16384, 32768])
+    calibration: dict[str, Any] | None = None
+    if args.dense_layers == "auto":
+        # Calibrate on text after every slice the measured rows use, so the timed recall is held out.
+        offset = max([*lengths, *args.e2e_lengths, args.curve_len])
+        calibration = calibrate_section(settings, args.calibration_len, args.recall_floor, offset)
+        settings = PBSSettings(
+            attention="pbs",
+            threshold=args.threshold,
+            min_len=0,
+            dense_layers=tuple(calibration["dense_layers"]),
+            layer_thresholds=calibration["layer_thresholds"],
+        )
+    elif args.dense_layers != "none":
+        settings = PBSSettings(attention="pbs", threshold=args.threshold, min_len=0, dense_layers=args.dense_layers)
     report: dict[str, Any] = {
         "settings": settings.model_dump(),
         "machine": {
@@ -476,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": "SmolLM2-135M-Instruct fp32 (9 q heads, 3 kv heads, d=64); linear RoPE scaling beyond 8192",
         "input": "Python stdlib docstrings tokenised with the SmolLM2 tokenizer",
         "quick": args.quick,
+        "calibration": calibration if calibration is not None else f"not run: --dense-layers {args.dense_layers}",
     }
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class PBSSettings(BaseModel):
@@ -32,6 +32,14 @@ class PBSSettings(BaseModel):
     gqa: Literal["shared", "replicated"] = Field(
         "shared", description="One permutation per KV head ('shared', paper App. G) or per query head."
     )
+    dense_layers: tuple[int, ...] = Field(
+        (),
+        description=(
+            "Decoder layer indices that always prefill dense. Mean-pooled selection loses attention mass on "
+            "some early-layer heads (the paper's harmed heads cluster in layers 3-6); "
+            "`python -m inference.pbs_attn.bench --calibrate` measures which layers fall below a recall floor."
+        ),
+    )
 
     @model_validator(mode="after")
     def _segment_multiple_of_block(self) -> Self:
@@ -41,6 +49,54 @@ class PBSSettings(BaseModel):
             )
         return self
 
+    layer_thresholds: dict[int, float] = Field(
+        default_factory=dict,
+        description=(
+            "Per-layer τ overrides (layer index -> τ in (0, 1]; 1.0 = dense), for layers whose recall at the "
+            "global τ falls below the floor; the benchmark's calibration writes them."
+        ),
+    )
+
+    @field_validator("layer_thresholds", mode="before")
+    @classmethod
+    def _thresholds_from_text(cls, v: object) -> object:
+        # env form: "4:0.98,7:1.0" (a JSON object also works through pydantic-settings)
+        if isinstance(v, str):
+            text = v.strip().strip("{}")
+            pairs = [x.split(":") for x in text.replace(" ", "").replace('"', "").split(",") if x]
+            return {int(k): float(t) for k, t in pairs}
+        return v
+
+    @field_validator("dense_layers", mode="before")
+    @classmethod
+    def _layers_from_text(cls, v: object) -> object:
+        # The vLLM worker reads these settings from plain env vars: accept "4,5" and "[4, 5]" too.
+        if isinstance(v, str):
+            text = v.strip().strip("[]()")
+            return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+        return v
+
+    @model_validator(mode="after")
+    def _layers_non_negative(self) -> Self:
+        if any(i < 0 for i in self.dense_layers):
+            raise ValueError(f"dense_layers must be layer indices >= 0, got {self.dense_layers}")
+        bad = {i: t for i, t in self.layer_thresholds.items() if i < 0 or not 0.0 < t <= 1.0}
+        if bad:
+            raise ValueError(f"layer_thresholds needs layer >= 0 and 0 < τ <= 1, got {bad}")
+        return self
+
     @property
     def enabled(self) -> bool:
         return self.attention == "pbs"
+
+    def threshold_for(self, layer_idx: int | None) -> float:
+        """τ for this layer: 1.0 (dense) for an opted-out layer, its override, else the global τ."""
+        if layer_idx is None:
+            return self.threshold
+        if layer_idx in self.dense_layers:
+            return 1.0
+        return self.layer_thresholds.get(layer_idx, self.threshold)
+
+    def layer_enabled(self, layer_idx: int | None) -> bool:
+        """PBS is on for this layer (an unknown index counts as not opted out)."""
+        return self.enabled and self.threshold_for(layer_idx) < 1.0

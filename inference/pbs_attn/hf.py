@@ -54,6 +54,7 @@ def make_attention_fn(settings: PBSSettings) -> Callable[..., Any]:
     ) -> tuple[Any, None]:
         n = query.shape[2]
         fresh_prefill = n > 1 and key.shape[2] == n
+        tau = settings.threshold_for(getattr(module, "layer_idx", None))
         eligible = (
             fresh_prefill
             and attention_mask is None
@@ -61,9 +62,7 @@ def make_attention_fn(settings: PBSSettings) -> Callable[..., Any]:
             and kwargs.get("sliding_window") is None
             and getattr(module, "sliding_window", None) is None
             and (dropout == 0.0 or not module.training)
-            and not use_dense(
-                n, threshold=settings.threshold, segment_size=settings.segment_size, min_len=settings.min_len
-            )
+            and not use_dense(n, threshold=tau, segment_size=settings.segment_size, min_len=settings.min_len)
         )
         if not eligible:
             stats.dense += 1
@@ -76,7 +75,7 @@ def make_attention_fn(settings: PBSSettings) -> Callable[..., Any]:
             query,
             key,
             value,
-            threshold=settings.threshold,
+            threshold=tau,
             segment_size=settings.segment_size,
             block_size=settings.block_size,
             gqa=settings.gqa,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ from inference.pbs_attn.config import PBSSettings
 
 ENV_PREFIX = "NEXTGUARD_INFERENCE__PBS__"
 CLASS_PATH = "inference.pbs_attn.vllm_backend.PBSFlashAttentionBackend"
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
 
 def settings_from_env(environ: dict[str, str] | None = None) -> PBSSettings:
@@ -45,6 +47,12 @@ def settings_from_env(environ: dict[str, str] | None = None) -> PBSSettings:
     env = os.environ if environ is None else environ
     values = {k[len(ENV_PREFIX) :].lower(): v for k, v in env.items() if k.startswith(ENV_PREFIX)}
     return PBSSettings.model_validate(values)
+
+
+def layer_index(layer_name: str) -> int | None:
+    """Decoder layer index from a vLLM attention layer name (``model.layers.4.self_attn.attn`` -> 4)."""
+    m = _LAYER_INDEX.search(layer_name)
+    return int(m.group(1)) if m else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,9 +150,10 @@ def _build_classes() -> dict[str, type]:
             output_scale: torch.Tensor | None = None,
             output_block_scale: torch.Tensor | None = None,
         ) -> torch.Tensor:
+            layer_idx = layer_index(getattr(layer, "layer_name", ""))
             usable = (
                 attn_metadata is not None
-                and settings.enabled
+                and settings.layer_enabled(layer_idx)
                 and self.sliding_window in (None, (-1, -1))
                 and not self.logits_soft_cap
                 and self.alibi_slopes is None
@@ -188,7 +197,7 @@ def _build_classes() -> dict[str, type]:
                     q,
                     k,
                     v,
-                    threshold=settings.threshold,
+                    threshold=settings.threshold_for(layer_idx),
                     segment_size=settings.segment_size,
                     block_size=settings.block_size,
                     gqa=settings.gqa,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.pbs_attn.bench import TAUS, _curve, _mean_curves, op_row, plot
+from inference.pbs_attn.bench import TAUS, _curve, _mean_curves, choose_layer_threshold, op_row, plot
 from inference.pbs_attn.config import PBSSettings
 from inference.pbs_attn.synthetic import heavy_hitter_qkv
 
@@ -19,8 +19,8 @@ def test_op_row_times_both_paths_and_reports_plan_quality(tmp_path: Path) -> Non
     assert row["layers"] == [0, 3]
     assert row["dense_sdpa_s"] > 0 and row["pbs_s"] > row["pbs_plan_s"] > 0
     assert 0.0 < row["density"] < 1.0 and 0.9 < row["recall"] <= 1.0
-    # the speedup is the ratio of the two reported times; those are rounded to 0.1 ms for the report, so
-    # recomputing it from them agrees only to that rounding
+    # the speedup is the ratio of the two reported times; those are rounded to 1 µs for the report, so
+    # recomputing it from them agrees only to that rounding (a few-ms op at this size)
     assert row["speedup_vs_sdpa"] == pytest.approx(row["dense_sdpa_s"] / row["pbs_s"], rel=5e-3)
 
     q, k, _ = qkv[0]
@@ -35,3 +35,33 @@ def test_op_row_times_both_paths_and_reports_plan_quality(tmp_path: Path) -> Non
     plot(report, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 10_000
     json.dumps(report)  # the report must stay JSON-serialisable
+
+
+def test_op_row_opted_out_layer_is_timed_dense_with_full_recall() -> None:
+    settings = PBSSettings(attention="pbs", min_len=0, dense_layers=(3,))
+    qkv = {0: heavy_hitter_qkv(1, 4, 2, 1025, 64, seed=1), 3: heavy_hitter_qkv(1, 4, 2, 1025, 64, seed=2)}
+    row = op_row(1025, qkv, settings, reps=1)
+    assert row["dense_layers"] == [3]
+    assert row["per_layer"][3]["path"].startswith("dense") and row["per_layer"][0]["path"] == "pbs tau=0.9"
+    assert row["per_layer"][3]["recall"] == 1.0 and row["per_layer"][3]["density"] == 1.0
+    assert row["per_layer"][0]["recall"] < 1.0
+    assert row["recall"] == pytest.approx((1.0 + row["per_layer"][0]["recall"]) / 2, abs=1e-4)
+
+
+def test_calibration_picks_the_smallest_tau_reaching_the_floor() -> None:
+    rec = {0.9: 0.93, 0.95: 0.948, 0.98: 0.96, 0.99: 0.97}
+    dens = {0.9: 0.3, 0.95: 0.4, 0.98: 0.55, 0.99: 0.7}
+    assert choose_layer_threshold(rec, dens, 0.9, 0.95) == 0.98
+    assert choose_layer_threshold(rec, dens, 0.9, 0.92) == 0.9
+    assert choose_layer_threshold(rec, dens, 0.9, 0.99) == 1.0  # nothing reaches it: dense
+    # a candidate that computes every tile anyway is no better than dense
+    assert choose_layer_threshold(rec, {**dens, 0.98: 1.0, 0.99: 1.0}, 0.9, 0.955) == 1.0
+
+
+def test_op_row_uses_the_layer_tau_override() -> None:
+    base = PBSSettings(attention="pbs", min_len=0, threshold=0.5)
+    qkv = {2: heavy_hitter_qkv(1, 4, 2, 1025, 64, seed=3)}
+    low = op_row(1025, qkv, base, reps=1)
+    high = op_row(1025, qkv, base.model_copy(update={"layer_thresholds": {2: 0.99}}), reps=1)
+    assert high["per_layer"][2]["path"] == "pbs tau=0.99" and low["per_layer"][2]["path"] == "pbs tau=0.5"
+    assert high["recall"] > low["recall"] and high["density"] > low["density"]

@@ -27,6 +27,29 @@ def test_settings_defaults_and_validation() -> None:
         PBSSettings(attention="sparse")  # type: ignore[arg-type]
 
 
+def test_dense_layers_setting_parses_env_text_and_rejects_bad_indices() -> None:
+    assert PBSSettings(dense_layers="3,4").dense_layers == (3, 4)  # type: ignore[arg-type]
+    assert PBSSettings(dense_layers="[0, 5]").dense_layers == (0, 5)  # type: ignore[arg-type]
+    s = PBSSettings(attention="pbs", dense_layers=(2,))
+    assert s.layer_enabled(1) and not s.layer_enabled(2) and s.layer_enabled(None)
+    assert not PBSSettings(attention="dense").layer_enabled(1)
+    with pytest.raises(ValidationError, match="dense_layers"):
+        PBSSettings(dense_layers=(-1,))
+    with pytest.raises(ValidationError):
+        PBSSettings(dense_layers="3,x")  # type: ignore[arg-type]
+
+
+def test_layer_thresholds_override_the_global_tau() -> None:
+    s = PBSSettings(attention="pbs", threshold=0.9, dense_layers=(1,), layer_thresholds="4:0.98, 5:1.0")  # type: ignore[arg-type]
+    assert s.layer_thresholds == {4: 0.98, 5: 1.0}
+    assert [s.threshold_for(i) for i in (0, 1, 4, 5, None)] == [0.9, 1.0, 0.98, 1.0, 0.9]
+    assert s.layer_enabled(4) and not s.layer_enabled(5) and not s.layer_enabled(1)
+    assert PBSSettings(layer_thresholds='{"2": 0.95}').layer_thresholds == {2: 0.95}  # type: ignore[arg-type]
+    for bad in ({3: 0.0}, {3: 1.5}, {-1: 0.9}):
+        with pytest.raises(ValidationError, match="layer_thresholds"):
+            PBSSettings(layer_thresholds=bad)
+
+
 def _tiny_llama(attn: str) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -85,6 +108,29 @@ def test_hf_length_gate_and_padding_fall_back_to_sdpa() -> None:
     assert (stats.pbs, stats.dense) == (0, 2)
 
 
+def test_hf_opted_out_layer_stays_on_sdpa() -> None:
+    from inference.pbs_attn.hf import register_hf_attention, stats
+
+    # threshold 0.5: layer 0's PBS output differs from dense, so equality below proves layer 1 alone ran PBS
+    name = register_hf_attention(
+        PBSSettings(attention="pbs", threshold=0.5, min_len=0, dense_layers=(0,)), name="pbs_test_optout"
+    )
+    model = _tiny_llama(name)
+    stats.reset()
+    with torch.no_grad():
+        model(torch.randint(0, 128, (1, 700)))
+    assert (stats.pbs, stats.dense) == (1, 1)
+    # a τ override of 1.0 is an opt-out too
+    name = register_hf_attention(
+        PBSSettings(attention="pbs", threshold=0.5, min_len=0, layer_thresholds={1: 1.0}), name="pbs_test_tau1"
+    )
+    model = _tiny_llama(name)
+    stats.reset()
+    with torch.no_grad():
+        model(torch.randint(0, 128, (1, 700)))
+    assert (stats.pbs, stats.dense) == (1, 1)
+
+
 def test_hf_registration_is_loud_about_conflicts() -> None:
     from inference.pbs_attn.hf import register_hf_attention
 
@@ -110,6 +156,16 @@ def test_vllm_settings_from_env() -> None:
     assert s.enabled and s.min_len == 4096 and s.threshold == 0.9
     with pytest.raises(ValidationError):
         settings_from_env({"NEXTGUARD_INFERENCE__PBS__THRESHOLDX": "0.5"})
+    assert settings_from_env({"NEXTGUARD_INFERENCE__PBS__DENSE_LAYERS": "[3, 4]"}).dense_layers == (3, 4)
+
+
+def test_vllm_layer_index_from_layer_name() -> None:
+    from inference.pbs_attn.vllm_backend import layer_index
+
+    assert layer_index("model.layers.4.self_attn.attn") == 4
+    assert layer_index("language_model.model.layers.17.self_attn.attn") == 17
+    assert layer_index("layers.0.attn") == 0
+    assert layer_index("model.sublayers_x.attn") is None and layer_index("") is None
 
 
 def test_vllm_split_requests_fresh_long_prefills_only() -> None:
