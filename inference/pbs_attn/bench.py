@@ -13,8 +13,8 @@ Sections (all CPU here; GPU rows when CUDA is present):
 3. **curves**: density vs recall for τ ∈ {0.8, 0.9, 0.95}, with and without permutation, on every layer
    of SmolLM2 at 8K and on the planted heavy-hitter generator.
 4. **quality**: first-token KL(dense || PBS) and top-1 agreement on long prompts (8K).
-5. **guard**: dense-vs-PBS guard verdict agreement is *not* run here (inference must not import guard;
-   see the report's ``guard`` entry for how guard's own benchmark can do it).
+5. **guard**: dense-vs-PBS guard verdict agreement is *not* run here (inference must not import guard);
+   it is ``python -m guard.pbs_agreement``.
 
 Inputs are real text: docstrings of the Python standard library (present on every machine that runs
 this), tokenised with the SmolLM2 tokenizer. SmolLM2 was trained to 8192 positions; for longer inputs
@@ -558,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--recall-floor", type=float, default=0.95, help="per-layer recall floor for 'auto'")
     ap.add_argument("--calibration-len", type=int, default=8192)
+    ap.add_argument(
+        "--sections",
+        default="op,curves,quality,e2e",
+        help="comma list of sections to run (full run only; --quick is op alone)",
+    )
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -599,23 +604,30 @@ def main(argv: list[str] | None = None) -> int:
         report["wall_s"] = round(time.perf_counter() - t0, 1)
         (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2))
 
+    sections = {"op"} if args.quick else {x.strip() for x in args.sections.split(",") if x.strip()}
+    unknown = sections - {"op", "curves", "quality", "e2e"}
+    if unknown:
+        ap.error(f"unknown sections {sorted(unknown)}; choose from op, curves, quality, e2e")
     gpu_rows: list[dict[str, Any]] = []
-    report["op"] = op_section(lengths, args.layers, settings, args.reps, gpu_rows)
+    report["op"] = op_section(lengths, args.layers, settings, args.reps, gpu_rows) if "op" in sections else []
     report["op_gpu"] = gpu_rows if gpu_rows else "not run: no CUDA device in this run"
     save()
-    if not args.quick:
+    if "curves" in sections:
         report["curves"] = curves_section(settings, args.curve_len)
         save()
+    if "quality" in sections:
         report["quality"] = quality_section(settings, args.curve_len)
         save()
+    if not args.quick:
         report["guard"] = {
             "done": False,
             "why": (
-                "layering: inference/ must not import guard/. The guard's llama path (guard.runner.SlotRunner) "
-                "computes attention itself, so PBS reaches it only via HFRunner on a model loaded with "
-                "attn_implementation=register_hf_attention(...); that comparison belongs in guard's benchmark"
+                "layering: inference/ must not import guard/. The guard-verdict agreement (dense vs PBS prefill, "
+                "short unsafe span planted in a long benign document) is `python -m guard.pbs_agreement`, "
+                "which loads the committed safeguard with this package's transformers attention"
             ),
         }
+    if "e2e" in sections:
         report["e2e"] = e2e_section(args.e2e_lengths, settings)
     save()
     plot(report, args.out / f"{stem}.png")
