@@ -226,3 +226,12 @@ def test_vllm_backend_class_resolves_and_registers() -> None:
     assert issubclass(backend.get_impl_cls(), FlashAttentionImpl)
     vllm_backend.register()
     assert _ATTN_OVERRIDES[AttentionBackendEnum.CUSTOM] == vllm_backend.CLASS_PATH
+
+
+def test_root_settings_read_the_layer_policy_from_json_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.config import Settings
+
+    monkeypatch.setenv("NEXTGUARD_INFERENCE__PBS__LAYER_THRESHOLDS", '{"3": 0.98}')
+    monkeypatch.setenv("NEXTGUARD_INFERENCE__PBS__DENSE_LAYERS", "[0, 4]")
+    pbs = Settings().inference.pbs
+    assert pbs.layer_thresholds == {3: 0.98} and pbs.dense_layers == (0, 4)
