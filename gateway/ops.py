@@ -33,7 +33,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from gateway import metrics
+from gateway import metrics, sse
 from gateway.admission import AdmissionController, Rejected, Slot
 from gateway.audit import AuditLog, prompt_cut_from_error, released_text
 from gateway.auth import Authenticator, KeyStore, OwnerStore, Principal
@@ -332,13 +332,17 @@ class OpsMiddleware:
                     rid = "req-" + secrets.token_hex(12)
                     resp["request_id"] = rid
                     message["headers"] = [*(message.get("headers") or []), (b"x-request-id", rid.encode())]
-            elif (
-                message["type"] == "http.response.body"
-                and audit is not None
-                and (want_content or resp["status"] == 400)
-                and len(resp["body"]) < _CAPTURE_CAP
-            ):
-                resp["body"] += message.get("body", b"")
+            elif message["type"] == "http.response.body":
+                chunk = message.get("body", b"")
+                if audit is not None and (want_content or resp["status"] == 400) and len(resp["body"]) < _CAPTURE_CAP:
+                    resp["body"] += chunk
+                if slot is not None and rt.admission is not None and (
+                    not message.get("more_body", False) or (resp["streamed"] and chunk.endswith(sse.DONE))
+                ):
+                    # Free the slot before the client can see the end of the response ([DONE], or the last
+                    # byte): a client that sends its next request at once must find it free, even when this
+                    # task is slow to reach its ``finally`` on a busy event loop. Releasing twice is a no-op.
+                    await asyncio.shield(rt.admission.release(slot))
             await send(message)
 
         try:

@@ -221,3 +221,31 @@ async def test_disconnect_releases_slot(tmp_path: Path, redis_url: str, prefix: 
         assert engine.num_running() == 0 and len(engine.aborted) == 1
         r2 = await c.post("/v1/chat/completions", json=chat(max_tokens=2))
         assert r2.status_code == 200
+
+
+async def test_slot_is_free_when_the_client_sees_done(tmp_path: Path, redis_url: str, prefix: str) -> None:
+    """A client at its quota that sends the next request the moment it reads ``[DONE]`` is admitted, even when
+    the release is slow (busy event loop, slow Redis): the slot goes back before ``[DONE]`` goes out."""
+    from tests.ops.test_load import serve_in_process
+
+    engine = ScriptedEngine(pieces=["a ", "b "])
+    ops = OpsSettings(admission=adm(max_in_flight=1, tenant_max_in_flight=1, queue_timeout_s=0.0))
+    app, rt = make_app(engine, tmp_path, redis_url=redis_url, prefix=prefix, ops=ops)
+    assert rt.admission is not None
+    release = rt.admission.release
+
+    async def slow_release(slot: object) -> None:
+        await asyncio.sleep(0.3)
+        await release(slot)  # type: ignore[arg-type]
+
+    rt.admission.release = slow_release  # type: ignore[method-assign]
+    async with serve_in_process(app) as base, httpx.AsyncClient(base_url=base) as c:
+        for _ in range(3):                      # streamed: the next request right after [DONE]
+            async with c.stream("POST", "/v1/chat/completions", json=chat()) as r:
+                assert r.status_code == 200
+                async for line in r.aiter_lines():
+                    if line == "data: [DONE]":
+                        break
+        for _ in range(2):                      # not streamed: right after the body
+            r = await c.post("/v1/chat/completions", json=chat(stream=False))
+            assert r.status_code == 200, r.text
