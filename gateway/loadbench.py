@@ -2,8 +2,10 @@
 
 1. **Load**: ``--concurrency`` clients (default 64) each stream chat completions back to back for
    ``--duration`` seconds. A request counts as an error unless it is HTTP 200, every frame parses, no
-   in-stream error frame arrives, and the stream ends with ``[DONE]``. Reports p50/p90/p99 of TTFT (to
-   the first *content* token), inter-token latency and end-to-end time, plus throughput.
+   in-stream error frame arrives, and the stream ends with ``[DONE]``; the guard's own decisions are
+   counted apart, never as errors (a prompt refused with 400 ``content_filter``, a choice cut with
+   ``finish_reason: content_filter``). Reports p50/p90/p99 of TTFT (to the first *content* token),
+   inter-token latency and end-to-end time, plus throughput.
 2. **Disconnect storm**: ``--storm`` clients open a stream each, read until their first content token and
    hang up. Then ``/metrics`` is polled until ``gateway_engine_requests_running`` is back to 0; the time
    that takes is reported (the engine must free every slot the departed clients held).
@@ -56,6 +58,7 @@ class LoadStats:
     e2e: list[float] = field(default_factory=list)
     tokens: int = 0
     cuts: int = 0            # choices the guard ended with finish_reason=content_filter (not errors)
+    refusals: int = 0        # prompts the guard refused (400 content_filter): a decision, not an error
     wall: float = 0.0
 
     def error(self, kind: str) -> None:
@@ -70,7 +73,7 @@ class LoadStats:
             return None if x is None else round(1000 * x, 2)
 
         return {
-            "requests": self.ok + self.n_errors,
+            "requests": self.ok + self.refusals + self.n_errors,
             "ok": self.ok,
             "errors": self.n_errors,
             "error_kinds": dict(self.errors),
@@ -79,6 +82,7 @@ class LoadStats:
             "content_chunks": self.tokens,
             "chunks_per_s": round(self.tokens / self.wall, 1) if self.wall else 0.0,
             "guard_cuts": self.cuts,
+            "guard_prompt_refusals": self.refusals,
             "ttft_ms": {"p50": ms(pct(self.ttft, 0.5)), "p90": ms(pct(self.ttft, 0.9)), "p99": ms(pct(self.ttft, 0.99))},
             "itl_ms": {"p50": ms(pct(self.itl, 0.5)), "p90": ms(pct(self.itl, 0.9)), "p99": ms(pct(self.itl, 0.99))},
             "e2e_ms": {"p50": ms(pct(self.e2e, 0.5)), "p90": ms(pct(self.e2e, 0.9)), "p99": ms(pct(self.e2e, 0.99))},
@@ -96,6 +100,16 @@ def _body(model: str, i: int, max_tokens: int) -> dict[str, Any]:
     }
 
 
+def _is_refusal(r: httpx.Response) -> bool:
+    """The prompt gate said no (HTTP 400, ``code: content_filter``): the guard working, not a failure."""
+    if r.status_code != 400:
+        return False
+    try:
+        return bool(r.json()["error"]["code"] == "content_filter")
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 async def one_stream(client: httpx.AsyncClient, model: str, i: int, max_tokens: int, stats: LoadStats) -> None:
     t0 = time.perf_counter()
     first: float | None = None
@@ -105,7 +119,10 @@ async def one_stream(client: httpx.AsyncClient, model: str, i: int, max_tokens: 
         async with client.stream("POST", "/v1/chat/completions", json=_body(model, i, max_tokens)) as r:
             if r.status_code != 200:
                 await r.aread()
-                stats.error(f"http_{r.status_code}")
+                if _is_refusal(r):
+                    stats.refusals += 1
+                else:
+                    stats.error(f"http_{r.status_code}")
                 return
             async for line in r.aiter_lines():
                 if not line.startswith("data: "):
@@ -166,13 +183,18 @@ async def disconnect_storm(client: httpx.AsyncClient, model: str, n: int, max_to
     """``n`` clients hang up after their first content token; wait until the engine holds no request."""
     hung_up = 0
     failed = 0
+    refused = 0
 
     async def leaver(i: int) -> None:
-        nonlocal hung_up, failed
+        nonlocal hung_up, failed, refused
         try:
             async with client.stream("POST", "/v1/chat/completions", json=_body(model, 10_000 + i, max_tokens)) as r:
                 if r.status_code != 200:
-                    failed += 1
+                    await r.aread()
+                    if _is_refusal(r):
+                        refused += 1
+                    else:
+                        failed += 1
                     return
                 async for line in r.aiter_lines():
                     if line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
@@ -198,6 +220,7 @@ async def disconnect_storm(client: httpx.AsyncClient, model: str, n: int, max_to
         "clients": n,
         "hung_up_after_first_token": hung_up,
         "failed_to_start": failed,
+        "refused_by_guard": refused,
         "storm_s": round(t_left - t0, 3),
         "running_after": running,
         "running_peak_seen": peak,
@@ -280,6 +303,9 @@ def _box() -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace) -> int:
+    import logging
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)     # one line per request would bury the report
     box_before = _box()
     server: dict[str, Any] = {"spawned": args.url is None}
     with ExitStack() as stack:
