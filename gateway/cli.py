@@ -26,8 +26,12 @@ def _serve(args: argparse.Namespace) -> int:
         os.environ["NEXTGUARD_INFERENCE__MODEL"] = args.model
     settings = Settings()
     host = args.host or settings.server.host
-    port = args.port or settings.server.port
-    settings.server.host, settings.server.port = host, port
+    # --port 0: the OS picks a free port at bind time (uvicorn logs the one it got), so a launcher never
+    # has to guess a port that someone else may take before the server binds it.
+    port = settings.server.port if args.port is None else args.port
+    settings.server.host = host
+    if port:
+        settings.server.port = port
     if settings.redis.embedded:
         ensure_local_redis(settings.redis.url, settings.home / "redis")
     app = create_app(settings)
@@ -53,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the OpenAI-compatible gateway")
     serve.add_argument("--host", default=None)
-    serve.add_argument("--port", type=int, default=None)
+    serve.add_argument("--port", type=int, default=None, help="0 = any free port (logged at start-up)")
     serve.add_argument("--model", default=None, help="HF model id or local folder (default: embedded SmolLM2)")
     serve.set_defaults(func=_serve)
 

@@ -266,12 +266,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the spawned gateway's guard: as configured (default), forced on, or off (ignored with --url)")
 
 
-def _free_port() -> int:
-    import socket
+_BOUND = re.compile(rb"Uvicorn running on https?://[^:/\s]+:(\d+)")
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+
+def _bound_port(proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> int:
+    """The port a server started with ``--port 0`` bound, read from uvicorn's start-up line.
+
+    The server binds a port the OS picks at that moment. Choosing a free port here and passing it on
+    would leave a window (seconds of imports on a loaded machine) in which another process can take it,
+    and the server then dies with "address already in use"."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            m = _BOUND.search(log_path.read_bytes())
+        except OSError:
+            m = None
+        if m:
+            return int(m.group(1))
+        if proc.poll() is not None:
+            raise RuntimeError(f"the gateway exited with code {proc.returncode} before it bound a port; the end of "
+                               f"{log_path}:\n{_log_tail(log_path)}")
+        time.sleep(0.2)
+    raise TimeoutError(f"the gateway did not bind a port within {timeout:.0f} s; the end of {log_path}:\n"
+                       f"{_log_tail(log_path)}")
 
 
 def _log_tail(path: Path, lines: int = 30) -> str:
@@ -311,19 +328,18 @@ def main(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         url = args.url
         if url is None:
-            port = _free_port()
             home = Path(os.environ.get("NEXTGUARD_HOME", Path.home() / ".cache" / "nextguard"))
             (home / "bench").mkdir(parents=True, exist_ok=True)
             log_path = home / "bench" / "load-gateway.log"
             log = stack.enter_context(open(log_path, "wb"))
-            cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+            cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", "0"]
             env = dict(os.environ)
             if args.guard != "default":
                 env["NEXTGUARD_GUARD__ENABLED"] = "true" if args.guard == "on" else "false"
             server.update(guard=args.guard, log=str(log_path))
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             stack.callback(_stop, proc)
-            url = f"http://127.0.0.1:{port}"
+            url = f"http://127.0.0.1:{_bound_port(proc, log_path, args.ready_timeout)}"
             _wait_ready(url, proc, args.ready_timeout, log_path)
         report = asyncio.run(
             bench(url, model=args.model, api_key=args.api_key, concurrency=args.concurrency, duration_s=args.duration,

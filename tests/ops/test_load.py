@@ -83,3 +83,34 @@ async def test_cli_report_names_the_box_and_exits_zero(tmp_path: Path, redis_url
     assert report["server"] == {"spawned": False}
     assert report["box"]["before"]["cpus"] and len(report["box"]["after"]["loadavg_1_5_15"]) == 3
     assert json.loads((tmp_path / "report.json").read_text()) == report
+
+
+def test_spawned_server_port_is_read_back_from_uvicorn(tmp_path: Path) -> None:
+    """The bench starts the gateway with ``--port 0`` and reads the bound port from uvicorn's start-up line
+    (a port picked beforehand could be taken by another process before the server binds it)."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    from gateway.loadbench import _bound_port, _stop
+
+    app_src = ("async def app(scope, receive, send):\n"
+               "    if scope['type'] != 'http':\n        return\n"
+               "    await send({'type': 'http.response.start', 'status': 200, 'headers': []})\n"
+               "    await send({'type': 'http.response.body', 'body': b'ok'})\n")
+    (tmp_path / "tiny_app.py").write_text(app_src)
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "tiny_app:app", "--host", "127.0.0.1", "--port", "0"],
+                                cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            port = _bound_port(proc, log_path, timeout=30)
+            assert port > 0 and httpx.get(f"http://127.0.0.1:{port}/", timeout=5).text == "ok"
+        finally:
+            _stop(proc)
+    with open(log_path, "wb") as log:
+        dead = subprocess.Popen([sys.executable, "-c", "print('no server here')"], stdout=log, stderr=subprocess.STDOUT)
+        dead.wait(30)
+    with pytest.raises(RuntimeError, match="before it bound a port"):
+        _bound_port(dead, log_path, timeout=30)
