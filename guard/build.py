@@ -54,10 +54,16 @@ class BuildConfig:
     layer: int = 15
     sae_width: int = 4608            # 8 x 576
     sae_k: float = 32.0
-    sae_tokens: int = 300_000        # training samples (two passes over ~150k collected tokens)
-    sae_collect_tokens: int = 150_000
-    sae_batch: int = 2048
-    sae_lr: float = 4e-4
+    # SAE: ~1 s per optimizer step at batch 1024 on one contended core (measured), so 1400 steps
+    # (1.43M samples, ~5 epochs over the collected tokens) take ~25 min
+    sae_tokens: int = 1_433_600      # training samples = 1400 steps x 1024
+    sae_collect_tokens: int = 300_000
+    sae_batch: int = 1024
+    sae_lr: float = 2e-3
+    sae_lr_warm_up_steps: int = 100
+    sae_lr_decay_frac: float = 0.2   # linear decay to 0 over the last 20% of the steps
+    sae_dead_window: int = 100       # steps without firing before the aux-k loss treats a latent as dead
+    sae_task_share: float = 0.5      # share of the collected tokens from build-format select/calib samples
     sae_context: int = 128
     n_prompt_unsafe: int = 900
     n_prompt_safe: int = 900
@@ -71,6 +77,9 @@ class BuildConfig:
     lora_max_len: int = 128
     top_k: int = 32
     sigma: str = "per_feature"
+    # "none": c_t = sum_j s_j a_tj as in the reference code; "std": s_j / std_j(sample max over the select
+    # split), i.e. each latent's activation is put on a common scale before the weighted sum
+    weight_scale: str = "none"
     default_mode: str = "max"
     max_tokens_per_sample: int = 160
     splits: tuple[float, float, float] = (0.5, 0.25, 0.25)
@@ -276,25 +285,32 @@ def encode_samples(runner: Any, tok: Any, samples: Sequence[D.Sample], max_token
     return [Encoded(m[0], m[1], r, m[2]) for m, r in zip(metas, res, strict=True)]
 
 
-def sae_training_activations(runner: Any, tok: Any, texts: Sequence[str], cfg: BuildConfig) -> Any:
+def sae_training_activations(runner: Any, tok: Any, texts: Sequence[str], cfg: BuildConfig,
+                             task_texts: Sequence[str] = ()) -> Any:
     """Residuals after layer L on plain text chunks, with the reference filter: position 0 and tokens
-    above 10x the sequence's median norm are dropped (Karvonen's SAE training filter)."""
+    above 10x the sequence's median norm are dropped (Karvonen's SAE training filter).
+
+    ``task_texts`` (the build-format select/calibration samples) are taken first, up to
+    ``cfg.sae_task_share`` of the token budget; the shuffled ``texts`` pool fills the rest. Drawing
+    only from one shuffled pool left the format the monitor reads at ~7% of the SAE's training text."""
     import torch
 
     rng = random.Random(cfg.seed + 2)
     chunks: list[list[int]] = []
     total = 0
-    pool = list(texts)
-    rng.shuffle(pool)
-    for t in pool:
-        ids = tok(t, add_special_tokens=False)["input_ids"]
-        for i in range(0, len(ids), cfg.sae_context):
-            c = ids[i:i + cfg.sae_context]
-            if len(c) >= 8:
-                chunks.append(c)
-                total += len(c) - 1
-        if total >= cfg.sae_collect_tokens * 1.1:
-            break
+    budget = cfg.sae_collect_tokens * 1.1
+    for pool_src, cap in ((task_texts, budget * cfg.sae_task_share), (texts, budget)):
+        pool = list(pool_src)
+        rng.shuffle(pool)
+        for t in pool:
+            if total >= cap:
+                break
+            ids = tok(t, add_special_tokens=False)["input_ids"]
+            for i in range(0, len(ids), cfg.sae_context):
+                c = ids[i:i + cfg.sae_context]
+                if len(c) >= 8:
+                    chunks.append(c)
+                    total += len(c) - 1
     from guard.runner import collect_residuals
 
     res = collect_residuals(runner, chunks, batch_size=16)
@@ -330,10 +346,13 @@ def train_sae(acts: Any, d_in: int, cfg: BuildConfig) -> tuple[Any, dict[str, An
             for i in range(0, train.shape[0] - bs + 1, bs):
                 yield train[perm[i:i + bs]]
 
+    steps = total // bs
+    warm = min(cfg.sae_lr_warm_up_steps, steps // 4)
     tcfg = SAETrainerConfig(
-        total_training_samples=total, train_batch_size_samples=bs, lr=cfg.sae_lr, lr_end=cfg.sae_lr / 10,
-        device="cpu", n_batches_for_norm_estimate=10, dead_feature_window=max(10, total // bs // 4),
-        feature_sampling_window=max(10, total // bs // 4),
+        total_training_samples=total, train_batch_size_samples=bs, lr=cfg.sae_lr, lr_end=cfg.sae_lr,
+        lr_scheduler_name="constant", lr_warm_up_steps=warm, lr_decay_steps=int(cfg.sae_lr_decay_frac * steps),
+        device="cpu", n_batches_for_norm_estimate=10, dead_feature_window=min(cfg.sae_dead_window, max(2, steps // 4)),
+        feature_sampling_window=max(10, steps // 4),
     )
     torch.manual_seed(cfg.seed)
     sae = BatchTopKTrainingSAE(BatchTopKTrainingSAEConfig(d_in=d_in, d_sae=cfg.sae_width, k=cfg.sae_k))
@@ -352,7 +371,12 @@ def train_sae(acts: Any, d_in: int, cfg: BuildConfig) -> tuple[Any, dict[str, An
         inf.threshold.fill_(batchtopk_threshold(inf, train[: min(len(train), 40 * bs)], cfg.sae_k, bs))
     m: dict[str, Any] = dict(sae_metrics(inf, val))
     m["ema_threshold"] = ema_thr
-    m.update({"train_tokens": int(total), "train_seconds": secs, "threshold": float(inf.threshold.detach()[0]),
+    m.update({"train_tokens": int(total), "train_steps": int(steps), "train_seconds": secs,
+              "seconds_per_step": secs / max(steps, 1), "collected_tokens": int(acts.shape[0]),
+              "epochs": total / max(int(train.shape[0]), 1), "threshold": float(inf.threshold.detach()[0]),
+              "trainer": {k: getattr(tcfg, k) for k in ("lr", "lr_scheduler_name", "lr_warm_up_steps",
+                                                        "lr_decay_steps", "dead_feature_window")},
+              "aux_loss_coefficient": float(sae.cfg.aux_loss_coefficient),
               "architecture_trained": "batchtopk", "architecture_saved": inf.cfg.architecture()})
     return inf, m
 
@@ -369,6 +393,22 @@ def _full_sae_rows(sae: Any, e: Encoded) -> np.ndarray:
 
 def _norms(e: Encoded) -> np.ndarray:
     return e.resid.norm(dim=-1).numpy()
+
+
+def scale_weights(gf: GateFeatures, X: np.ndarray, how: str) -> GateFeatures:
+    """``how="std"``: divide each selected latent's weight by the std of its sample-level max X over the select
+    split, so that c_t = sum_j s_j a_tj / std_j. With raw activations (``"none"``, the reference code) a latent
+    that fires strongly everywhere dominates c_t however small its s_j."""
+    if how == "none":
+        return gf
+    if how != "std":
+        raise ValueError(f"Unknown weight_scale '{how}'. Available: none, std")
+    sd = X.std(0) + 1e-6
+
+    def one(fs: FeatureSet) -> FeatureSet:
+        return replace(fs, weights=[float(w / sd[j]) for j, w in zip(fs.ids, fs.weights, strict=True)])
+
+    return GateFeatures(one(gf.overall), {c: one(f) for c, f in gf.categories.items()})
 
 
 def select_and_calibrate(
@@ -393,7 +433,8 @@ def select_and_calibrate(
         X = sample_max(acts, spans)
         y = np.array([sel[i].label for i in idx])
         cats = [sel[i].category for i in idx]
-        feats[gate] = select_gate_features(X, y, cats, k=cfg.top_k, sigma=sigma)  # type: ignore[arg-type]
+        feats[gate] = scale_weights(select_gate_features(X, y, cats, k=cfg.top_k, sigma=sigma),  # type: ignore[arg-type]
+                                    X, cfg.weight_scale)
     thr: dict[str, Any] = {}
     cat_thr: dict[str, dict[str, float]] = {}
     metrics: dict[str, Any] = {}
@@ -509,10 +550,8 @@ def reselect(out_dir: str | Path, base_model: str | Path | None = None) -> dict[
     base, tok = load_guard_model(base_model)
     timings: dict[str, float] = {}
     t = time.time()
-    corpus = D.corpus_texts()
-    texts = [x for v in corpus.values() for x in v]
-    texts += [format_sample(s.prompt, s.response).text for s in bd.select + bd.calib]
-    fresh = sae_training_activations(make_runner(base, cfg.layer, max_slots=16, max_len=8192), tok, texts,
+    texts, task = sae_texts(bd)
+    fresh = sae_training_activations(make_runner(base, cfg.layer, max_slots=16, max_len=8192), tok, texts + task,
                                      replace(cfg, seed=cfg.seed + 100, sae_collect_tokens=40_000))
     half = fresh.shape[0] // 2
     sae = load_sae(out / "sae")
@@ -536,6 +575,183 @@ def reselect(out_dir: str | Path, base_model: str | Path | None = None) -> dict[
     from guard.bundle import write_manifest
 
     write_manifest(out, "embedded", "lora", cfg.layer, list(cfg.monitored))
+    return prov
+
+
+SAE_FIELDS = ("sae_width", "sae_k", "sae_tokens", "sae_collect_tokens", "sae_batch", "sae_lr", "sae_lr_warm_up_steps",
+              "sae_lr_decay_frac", "sae_dead_window", "sae_task_share", "sae_context")
+HELDOUT_TOKENS = 20_000
+HELDOUT_SEED_OFFSET = 200
+
+
+def sae_texts(bd: BuildData) -> tuple[list[str], list[str]]:
+    """The SAE's training text: (corpus pool, build-format select/calibration samples)."""
+    corpus = D.corpus_texts()
+    return ([x for v in corpus.values() for x in v],
+            [format_sample(s.prompt, s.response).text for s in bd.select + bd.calib])
+
+
+def heldout_sae_metrics(sae: Any, runner: Any, tok: Any, bd: BuildData, cfg: BuildConfig) -> dict[str, Any]:
+    """SAE metrics on the test split in the build format: text the SAE, selection and calibration never saw
+    (``tests/guard/test_artifacts.py`` re-measures exactly this)."""
+    from guard.sae import sae_metrics
+
+    texts = [format_sample(s.prompt, s.response).text for s in bd.test]
+    acts = sae_training_activations(runner, tok, texts, replace(cfg, seed=cfg.seed + HELDOUT_SEED_OFFSET,
+                                                                sae_collect_tokens=HELDOUT_TOKENS))
+    m: dict[str, Any] = dict(sae_metrics(sae, acts))
+    m["n_tokens"] = int(m["n_tokens"])
+    m["text"] = (f"build-format samples of the held-out test split (never in SAE training, selection or calibration); "
+                 f"sae_training_activations with seed = config.seed + {HELDOUT_SEED_OFFSET} and "
+                 f"{HELDOUT_TOKENS:,} collected tokens")
+    return m
+
+
+def _load_build(out: Path) -> tuple[dict[str, Any], BuildConfig, BuildData]:
+    """Provenance, config and data of an existing build; every split is hash-checked."""
+    prov = json.loads((out / "provenance.json").read_text())
+    c = dict(prov["config"])
+    c["splits"], c["monitored"] = tuple(c["splits"]), tuple(c["monitored"])
+    cfg = BuildConfig(**c)
+    gen = [D.Sample(**json.loads(x)) for x in (out / "generated_benign.jsonl").read_text().splitlines() if x]
+    bd = assemble_data(cfg, gen)
+    for name, part in (("select", bd.select), ("calib", bd.calib), ("test", bd.test)):
+        if D.data_hash(part) != prov["data"]["splits"][name]["sha256"]:
+            raise RuntimeError(f"rebuilt {name} split differs from the build's (hash mismatch): the installed data "
+                               "packages changed since the build; run a full build instead")
+    return prov, cfg, bd
+
+
+def collect_sae_activations(runner: Any, tok: Any, bd: BuildData, cfg: BuildConfig,
+                            cache_dir: str | Path | None = None) -> tuple[Any, bool]:
+    """Activations for SAE training (see :func:`sae_training_activations`), optionally cached on disk under a
+    key of everything they depend on. Returns (activations, loaded_from_cache)."""
+    import hashlib
+
+    import torch
+
+    texts, task = sae_texts(bd)
+    key = hashlib.sha256(json.dumps(
+        [cfg.seed, cfg.layer, cfg.sae_collect_tokens, cfg.sae_context, cfg.sae_task_share,
+         D.data_hash(bd.select), D.data_hash(bd.calib), len(texts), sum(len(t) for t in texts)]).encode()).hexdigest()[:16]
+    path = Path(cache_dir) / f"sae_acts_{key}.pt" if cache_dir is not None else None
+    if path is not None and path.is_file():
+        return torch.load(path), True
+    acts = sae_training_activations(runner, tok, texts, cfg, task_texts=task)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(acts, path)
+    return acts, False
+
+
+def retrain_sae(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None = None,
+                overrides: dict[str, Any] | None = None, cache_dir: str | Path | None = None) -> dict[str, Any]:
+    """Retrain only the SAE of an existing build, reusing its LoRA adapter, data and splits (hash-checked),
+    then redo selection and calibration for every monitor. The SAE settings are the current defaults of the
+    build's preset plus ``overrides`` (SAE fields only); provenance keeps the previous SAE's metrics."""
+    import torch
+
+    from guard.runner import load_guard_model, make_runner
+    from guard.sae import load_sae, save_sae
+
+    bad = sorted(set(overrides or {}) - set(SAE_FIELDS))
+    if bad:
+        raise ValueError(f"retrain_sae only changes SAE settings ({', '.join(SAE_FIELDS)}); got {bad}")
+    out = Path(out_dir)
+    if not (out / "lora" / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"no LoRA adapter at {out / 'lora'}; run a full build")
+    prov, old_cfg, bd = _load_build(out)
+    preset = PRESETS[prov.get("preset", "cpu")]
+    cfg = replace(old_cfg, **({k: getattr(preset, k) for k in SAE_FIELDS} | (overrides or {})))
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    from guard.bundle import read_manifest, resolve_base_model, write_manifest
+
+    man = read_manifest(out)
+    base_model = base_model or resolve_base_model(man["base_model"])
+    base, tok = load_guard_model(base_model)
+    runner = make_runner(base, cfg.layer, max_slots=16, max_len=8192)
+    timings: dict[str, float] = {}
+    t = time.time()
+    acts, cached = collect_sae_activations(runner, tok, bd, cfg, cache_dir)
+    timings["sae_activations"] = time.time() - t
+    log.info("SAE activations: %d tokens (%s, %.0fs)", acts.shape[0], "cache" if cached else "collected",
+             timings["sae_activations"])
+    t = time.time()
+    sae, sae_m = train_sae(acts, base.config.hidden_size, cfg)
+    timings["sae_train"] = time.time() - t
+    del acts
+    save_sae(sae, out / "sae")
+    _shrink_sae(out / "sae")
+    sae = load_sae(out / "sae")            # measure and select with exactly the weights that are committed
+    t = time.time()
+    sae_m["heldout_test_split"] = heldout_sae_metrics(sae, runner, tok, bd, cfg)
+    timings["sae_heldout"] = time.time() - t
+    sae_m["activations_from_cache"] = cached
+    log.info("new SAE: %s", {k: sae_m[k] for k in ("variance_explained", "l0", "dead_fraction")})
+    lora, _ = load_guard_model(base_model, out / "lora")
+    old_monitors = {name: {g: {mode: v["f1"] for mode, v in m[g]["calibration"].items()} for g in ("prompt", "response")}
+                    for name, m in prov["monitors"].items()}
+    monitors = select_monitors(out, sae, bd, cfg, {name: (lora if name == "lora" else base)
+                                                   for name in cfg.monitored}, tok, timings)
+    prev = {k: v for k, v in prov["sae"].items() if k != "previous"}
+    prov.setdefault("sae_history", []).append(
+        {"sae": prev, "config": {k: prov["config"].get(k) for k in SAE_FIELDS},
+         "calibration_f1": old_monitors, "timings_s": prov["timings_s"],
+         "replaced": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    prov["config"] = asdict(cfg)
+    prov["sae"] = sae_m
+    prov["monitors"] = monitors
+    prov["timings_s"] = {**{k: v for k, v in prov["timings_s"].items() if k in ("data", "lora")},
+                         **{f"resae_{k}": v for k, v in timings.items()}}
+    prov["sae_retrained"] = {"function": "guard.build.retrain_sae", "overrides": overrides or {},
+                             "lora_reused": True, "versions": _versions(),
+                             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    prov.pop("reselected", None)
+    (out / "provenance.json").write_text(json.dumps(prov, indent=1, default=str))
+    write_manifest(out, man["base_model"], man["adapter"], cfg.layer, list(cfg.monitored))
+    return prov
+
+
+SELECT_FIELDS = ("top_k", "sigma", "weight_scale", "default_mode")
+
+
+def reselect_monitors(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None = None,
+                      overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Redo only feature selection and calibration of an existing build (same SAE, LoRA adapter, data and
+    splits, hash-checked) with changed selection settings; provenance keeps the previous calibration F1."""
+    import torch
+
+    from guard.bundle import read_manifest, resolve_base_model, write_manifest
+    from guard.runner import load_guard_model
+    from guard.sae import load_sae
+
+    bad = sorted(set(overrides or {}) - set(SELECT_FIELDS))
+    if bad:
+        raise ValueError(f"reselect_monitors only changes selection settings ({', '.join(SELECT_FIELDS)}); got {bad}")
+    out = Path(out_dir)
+    prov, old_cfg, bd = _load_build(out)
+    cfg = replace(old_cfg, **(overrides or {}))
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    man = read_manifest(out)
+    base_model = base_model or resolve_base_model(man["base_model"])
+    base, tok = load_guard_model(base_model)
+    models = {"base": base}
+    if "lora" in cfg.monitored:
+        models["lora"], _ = load_guard_model(base_model, out / man["adapter"])
+    timings: dict[str, float] = {}
+    old = {name: {g: {mode: v["f1"] for mode, v in m[g]["calibration"].items()} for g in ("prompt", "response")}
+           for name, m in prov["monitors"].items()}
+    prov["monitors"] = select_monitors(out, load_sae(out / "sae"), bd, cfg,
+                                       {n: models[n] for n in cfg.monitored}, tok, timings)
+    prov.setdefault("selection_history", []).append(
+        {"config": {k: prov["config"].get(k) for k in SELECT_FIELDS}, "calibration_f1": old,
+         "replaced": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    prov["config"] = asdict(cfg)
+    prov["timings_s"].update({f"reselect_{k}": v for k, v in timings.items()})
+    (out / "provenance.json").write_text(json.dumps(prov, indent=1, default=str))
+    write_manifest(out, man["base_model"], man["adapter"], cfg.layer, list(cfg.monitored))
     return prov
 
 
@@ -577,7 +793,7 @@ def build(
     import torch
 
     from guard.runner import load_guard_model, make_runner
-    from guard.sae import save_sae
+    from guard.sae import load_sae, save_sae
 
     if preset not in PRESETS:
         raise KeyError(f"Unknown preset '{preset}'. Available: {', '.join(PRESETS)}")
@@ -617,10 +833,7 @@ def build(
     runner = make_runner(base, cfg.layer, max_slots=16, max_len=8192)
     if sae_source is None:
         t = time.time()
-        corpus = D.corpus_texts()
-        texts = [x for v in corpus.values() for x in v]
-        texts += [format_sample(s.prompt, s.response).text for s in bd.select + bd.calib]
-        acts = sae_training_activations(runner, tok, texts, cfg)
+        acts, _ = collect_sae_activations(runner, tok, bd, cfg)
         timings["sae_activations"] = time.time() - t
         t = time.time()
         sae, sae_m = train_sae(acts, base.config.hidden_size, cfg)
@@ -628,6 +841,11 @@ def build(
         del acts
         save_sae(sae, out / "sae")
         _shrink_sae(out / "sae")
+        sae = load_sae(out / "sae")        # measure and select with exactly the weights that are stored
+        if bd.test:
+            t = time.time()
+            sae_m["heldout_test_split"] = heldout_sae_metrics(sae, runner, tok, bd, cfg)
+            timings["sae_heldout"] = time.time() - t
     else:
         from guard.production import load_sae_source
 

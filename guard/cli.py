@@ -32,6 +32,27 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _resae(args: argparse.Namespace) -> int:
+    from guard.build import retrain_sae
+
+    prov = retrain_sae(args.artifacts, base_model=args.base_model, overrides=_parse_overrides(args.set),
+                       cache_dir=args.cache_dir)
+    summary = {"sae": prov["sae"], "previous_sae": prov["sae_history"][-1]["sae"], "timings_s": prov["timings_s"],
+               "calibration_f1": {n: {g: {mode: v["f1"] for mode, v in m[g]["calibration"].items()}
+                                      for g in ("prompt", "response")} for n, m in prov["monitors"].items()}}
+    sys.stdout.write(json.dumps(summary, default=str) + "\n")
+    return 0
+
+
+def _reselect(args: argparse.Namespace) -> int:
+    from guard.build import reselect_monitors
+
+    prov = reselect_monitors(args.artifacts, base_model=args.base_model, overrides=_parse_overrides(args.set))
+    sys.stdout.write(json.dumps({n: {g: {mode: v["f1"] for mode, v in m[g]["calibration"].items()}
+                                     for g in ("prompt", "response")} for n, m in prov["monitors"].items()}) + "\n")
+    return 0
+
+
 def _eval(args: argparse.Namespace) -> int:
     from guard.evaluate import run_eval
 
@@ -61,6 +82,20 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     b.add_argument("--sae", default=None, help="pretrained SAE instead of training one: dictionary_learning:<dir>, "
                    "sae_lens:<dir or release@id>, or a production name (guard.production)")
     b.set_defaults(func=_build)
+    r = gs.add_parser("resae", help="retrain only the SAE of an existing build (its LoRA adapter, data and splits "
+                      "are reused), then redo selection and calibration for every monitor")
+    r.add_argument("--artifacts", default=str(DEFAULT_ARTIFACTS))
+    r.add_argument("--base-model", default=None, help="HF folder (default: the embedded SmolLM2)")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override an SAE field of BuildConfig (sae_tokens, sae_lr, sae_collect_tokens, ...)")
+    r.add_argument("--cache-dir", default=None, help="keep the collected SAE training activations here for reruns")
+    r.set_defaults(func=_resae)
+    rs = gs.add_parser("reselect", help="redo only feature selection and calibration of an existing build")
+    rs.add_argument("--artifacts", default=str(DEFAULT_ARTIFACTS))
+    rs.add_argument("--base-model", default=None, help="HF folder (default: the embedded SmolLM2)")
+    rs.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a selection field of BuildConfig (top_k, sigma, weight_scale, default_mode)")
+    rs.set_defaults(func=_reselect)
     e = gs.add_parser("eval", help="sample-level F1, streaming timeliness, baselines; JSON + PNG report")
     e.add_argument("--artifacts", default=str(DEFAULT_ARTIFACTS))
     e.add_argument("--out", default="guard-eval")

@@ -53,3 +53,48 @@ def test_eval_and_bench_run(built, tmp_path):
     assert res["per_token"]["layers_monitor"] == 2 and res["per_token"]["layers_full"] == 3
     assert res["cost_ratio"] > 0 and res["throughput_ratio_ids"] > 0
     assert res["throughput_tok_s"]["unguarded"] > 0
+
+
+def test_retrain_sae_reuses_the_lora_and_reselects(built, tmp_path):
+    import hashlib
+    import shutil
+
+    from guard.build import retrain_sae
+
+    d, prov = built
+    art = tmp_path / "art"
+    shutil.copytree(d / "art", art)
+
+    def sha(p):
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+
+    lora_before = {p.name: sha(p) for p in (art / "lora").iterdir() if p.is_file()}
+    with pytest.raises(ValueError, match="only changes SAE settings"):
+        retrain_sae(art, base_model=d / "model", overrides={"lora_steps": 5})
+    new = retrain_sae(art, base_model=d / "model", overrides={"sae_tokens": 2048, "sae_lr": 1e-3},
+                      cache_dir=tmp_path / "cache")
+    assert {p.name: sha(p) for p in (art / "lora").iterdir() if p.is_file()} == lora_before
+    assert new["config"]["sae_tokens"] == 2048 and new["config"]["sae_lr"] == 1e-3
+    assert new["config"]["lora_steps"] == prov["config"]["lora_steps"]
+    assert new["data"]["splits"] == prov["data"]["splits"]
+    hist = new["sae_history"][-1]
+    assert hist["sae"]["variance_explained"] == prov["sae"]["variance_explained"]
+    assert hist["config"]["sae_tokens"] == prov["config"]["sae_tokens"]
+    assert new["sae"]["train_steps"] == 2048 // new["config"]["sae_batch"]
+    assert "heldout_test_split" in new["sae"] and new["sae_retrained"]["lora_reused"]
+    assert set(new["monitors"]) == {"lora", "base"}
+    assert json.loads((art / "manifest.json").read_text())["adapter"] == "lora"
+    # a rerun takes the activations from the cache
+    again = retrain_sae(art, base_model=d / "model", overrides={"sae_tokens": 2048}, cache_dir=tmp_path / "cache")
+    assert again["sae"]["activations_from_cache"] and len(again["sae_history"]) == 2
+    # selection settings only: same SAE file, monitors reselected with latent-scaled weights
+    from guard.build import reselect_monitors
+
+    sae_sha = sha(art / "sae" / "sae_weights.safetensors")
+    with pytest.raises(ValueError, match="only changes selection settings"):
+        reselect_monitors(art, base_model=d / "model", overrides={"sae_lr": 1.0})
+    rs = reselect_monitors(art, base_model=d / "model", overrides={"weight_scale": "std"})
+    assert sha(art / "sae" / "sae_weights.safetensors") == sae_sha
+    assert rs["config"]["weight_scale"] == "std" and rs["selection_history"][-1]["config"]["weight_scale"] == "none"
+    feats = json.loads((art / "monitors/base/features.json").read_text())
+    assert all(w > 0 for w in feats["response"]["overall"]["weights"])
