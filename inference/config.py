@@ -36,6 +36,14 @@ class InferenceSettings(BaseModel):
     cpu_threads_bind: str = Field(default="auto", description="VLLM_CPU_OMP_THREADS_BIND on CPU.")
     torch_threads: int | None = Field(default=None, ge=1, description="torch threads in this process (None = leave).")
     seed: int = 0
+    chunked_prefill: bool | None = Field(
+        default=None,
+        description=(
+            "Split long prefills across engine steps. None = off on CPU, on elsewhere: vLLM 0.32's CPU runner "
+            "rewinds a seeded request's generator after a partial prefill with an offset CPU generators do not "
+            "have, which kills the engine."
+        ),
+    )
     log_stats: bool = Field(default=True, description="Keep vLLM's `vllm:*` Prometheus metrics.")
     pbs: PBSSettings = Field(default_factory=PBSSettings, description="Prefill attention: dense or PBS-Attn.")
 

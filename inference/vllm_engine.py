@@ -84,6 +84,7 @@ class VLLMEngineClient:
             # PBS-Attn prefill is the plugin's CUSTOM backend (inference/pbs_attn/vllm_backend.py); its workers read
             # NEXTGUARD_INFERENCE__PBS__* and fall back to the stock kernel for short, chunked or cached prefills
             **_attention_args(settings),
+            **_scheduler_args(settings, on_cpu=_on_cpu()),
         )
         engine = AsyncLLM.from_engine_args(args)
         card = ModelCard(id=name, root=source, max_model_len=engine.model_config.max_model_len, created=int(time.time()))
@@ -113,6 +114,10 @@ class VLLMEngineClient:
         return list(ids)
 
     def num_running(self) -> int:
+        if self._engine.errored:
+            # A dead engine core leaves its requests "unfinished" in the output processor forever; nothing
+            # is running any more, and reporting them would pin gateway_engine_requests_running.
+            return 0
         return int(self._engine.output_processor.get_num_unfinished_requests())
 
     async def abort(self, request_id: str) -> None:
@@ -163,6 +168,24 @@ class VLLMEngineClient:
             raise
         finally:
             self._active.discard(request_id)
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def _scheduler_args(settings: InferenceSettings, *, on_cpu: bool) -> dict[str, Any]:
+    """Chunked prefill off on CPU by default. With it on, a prompt that does not fit the step's token budget
+    is prefilled in parts; for a seeded request vLLM 0.32 then calls ``generator.set_offset`` after the
+    partial step, which CPU generators reject (RuntimeError) and the engine core dies with every request in
+    flight. Whole prefills need a budget of at least one full-length prompt (vLLM does the same for MLA
+    models on CPU)."""
+    chunked = (not on_cpu) if settings.chunked_prefill is None else settings.chunked_prefill
+    if chunked:
+        return {}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(settings.max_model_len, 2048)}
 
 
 def _attention_args(settings: InferenceSettings) -> dict[str, Any]:

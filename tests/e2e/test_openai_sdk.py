@@ -104,6 +104,24 @@ def test_seeded_sampling_is_reproducible(server: str, model_id: str) -> None:
     assert len(a.choices) == 2
 
 
+async def test_seeded_requests_beyond_one_step_budget_keep_the_engine_alive(server: str, model_id: str) -> None:
+    # 12 concurrent ~300-token seeded prompts exceed one engine step's 2048-token budget. With chunked
+    # prefill (vLLM's default) one prompt is split, and vLLM 0.32's CPU runner then rewinds that request's
+    # seeded generator with set_offset, which CPU generators reject: the engine core died mid-load.
+    client = openai.AsyncOpenAI(base_url=server + "/v1", api_key="x")
+    text = " ".join(f"item {i} is a line of ordinary inventory text." for i in range(30))
+
+    async def one(i: int) -> str:
+        r = await client.completions.create(
+            model=model_id, prompt=f"{i}: {text}", max_tokens=2, temperature=1.0, seed=i, extra_body=NO_GUARD
+        )
+        return r.choices[0].finish_reason
+
+    reasons = await asyncio.gather(*[one(i) for i in range(12)])
+    assert all(r in ("length", "stop") for r in reasons)
+    assert httpx.get(server + "/ready").status_code == 200
+
+
 def _running(server: str) -> float:
     text = httpx.get(server + "/metrics").text
     m = re.search(r"^gateway_engine_requests_running ([0-9.]+)$", text, re.M)

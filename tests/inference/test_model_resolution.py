@@ -61,3 +61,15 @@ def test_real_embedded_folder_is_complete() -> None:
     tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
     template = (folder / "chat_template.jinja").read_text() if (folder / "chat_template.jinja").exists() else tok_cfg.get("chat_template", "")
     assert "<|im_start|>" in template
+
+
+def test_chunked_prefill_is_off_on_cpu_unless_asked() -> None:
+    from inference.vllm_engine import _scheduler_args
+
+    s = InferenceSettings(max_model_len=1024)
+    # CPU: whole prefills (seeded requests crash vLLM 0.32's CPU runner after a partial prefill)
+    assert _scheduler_args(s, on_cpu=True) == {"enable_chunked_prefill": False, "max_num_batched_tokens": 2048}
+    assert _scheduler_args(InferenceSettings(max_model_len=8192), on_cpu=True)["max_num_batched_tokens"] == 8192
+    assert _scheduler_args(s, on_cpu=False) == {}  # vLLM's own default elsewhere
+    assert _scheduler_args(InferenceSettings(chunked_prefill=True), on_cpu=True) == {}
+    assert _scheduler_args(InferenceSettings(chunked_prefill=False), on_cpu=False)["enable_chunked_prefill"] is False
