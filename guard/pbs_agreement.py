@@ -99,7 +99,7 @@ def _verdict(model: Any, ids: Any, vid: list[int]) -> float:
 
 
 def run(artifacts: Path, n_tokens: int, n_unsafe: int, n_control: int, threshold: float,
-        dense_layers: tuple[int, ...], seed: int) -> dict[str, Any]:
+        dense_layers: tuple[int, ...], seed: int, layer_thresholds: dict[int, float] | None = None) -> dict[str, Any]:
     import torch
 
     from inference.pbs_attn.config import PBSSettings
@@ -109,7 +109,8 @@ def run(artifacts: Path, n_tokens: int, n_unsafe: int, n_control: int, threshold
     spec = MonitorSpec.load(artifacts / "monitors" / "lora", "lora")
     scorer = spec.scorer("prompt")
     vid = [tok(w, add_special_tokens=False)["input_ids"][0] for w in VERDICT_WORDS]
-    settings = PBSSettings(attention="pbs", threshold=threshold, min_len=0, dense_layers=dense_layers)
+    settings = PBSSettings(attention="pbs", threshold=threshold, min_len=0, dense_layers=dense_layers,
+                           layer_thresholds=layer_thresholds or {})
     pbs_name = register_hf_attention(settings, name="pbs_guard_agreement")
     rows = []
     for doc in build_documents(tok, n_tokens, n_unsafe, n_control, seed):
@@ -174,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--control", type=int, default=2)
     ap.add_argument("--threshold", type=float, default=0.9, help="PBS τ")
     ap.add_argument("--dense-layers", default="", help="PBS opt-out layers, e.g. '3,4' (see the PBS bench)")
+    ap.add_argument("--layer-thresholds", default="",
+                    help="per-layer τ overrides as the PBS bench's calibration prints them, e.g. '3:0.98,4:0.98'")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="write the report JSON here")
@@ -183,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(args.threads)
     dense_layers = tuple(int(x) for x in args.dense_layers.split(",") if x.strip())
-    rep = run(args.artifacts, args.tokens, args.planted, args.control, args.threshold, dense_layers, args.seed)
+    from inference.pbs_attn.config import PBSSettings
+
+    overrides = PBSSettings(layer_thresholds=args.layer_thresholds).layer_thresholds if args.layer_thresholds else {}
+    rep = run(args.artifacts, args.tokens, args.planted, args.control, args.threshold, dense_layers, args.seed,
+              layer_thresholds=overrides)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rep, indent=1))
