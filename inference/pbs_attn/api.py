@@ -12,11 +12,12 @@ from torch import Tensor
 
 from inference.pbs_attn.algorithm import GQAMode, PBSPlan, make_plan
 
-Backend = Literal["auto", "flex", "triton", "reference"]
+Backend = Literal["auto", "gather", "flex", "triton", "reference"]
 
 # Lazy import paths: Triton is only imported when the "triton" path is actually chosen, so the CPU
 # serving path never imports it.
 _BACKENDS: dict[str, str] = {
+    "gather": "inference.pbs_attn.gather_cpu:gather_pbs_attention",
     "flex": "inference.pbs_attn.flex_cpu:flex_pbs_attention",
     "triton": "inference.pbs_attn.triton_kernel:triton_pbs_attention",
     "reference": "inference.pbs_attn.reference:pbs_reference",
@@ -87,7 +88,7 @@ def pbs_attention(
         min_len: length gate; shorter prompts run dense causal SDPA (0 = no gate).
         gqa: ``"shared"`` (one permutation per KV head, default) or ``"replicated"`` (per query head).
         scale: softmax scale, default ``1/sqrt(head_dim)``.
-        backend: ``"auto"``, ``"flex"`` (CPU), ``"triton"`` (CUDA or Triton interpreter), ``"reference"`` (fp64 oracle).
+        backend: ``"auto"``, ``"gather"`` (CPU), ``"flex"`` (CPU), ``"triton"`` (CUDA or Triton interpreter), ``"reference"`` (fp64 oracle).
 
     Returns:
         (batch, q_heads, N, head_dim) in ``q.dtype``, original token order.
