@@ -24,6 +24,10 @@ _BACKENDS: dict[str, str] = {
 }
 
 
+# What ``backend="auto"`` runs for fp32/bf16/fp16 CPU tensors (``bench.py --backend`` defaults to it too).
+CPU_DEFAULT_BACKEND = "flex"
+
+
 def register_backend(name: str, target: str) -> None:
     """Add an attention path as ``"module:function"`` taking ``(q, k, v, plan, *, scale)``; duplicates raise."""
     if name in _BACKENDS or name == "auto":
@@ -46,7 +50,7 @@ def default_backend(q: Tensor) -> str:
     """Triton on CUDA, compiled flex on CPU, the fp64 oracle for fp64 inputs (exactness over speed)."""
     if q.dtype == torch.float64:
         return "reference"
-    return "triton" if q.is_cuda else "flex"
+    return "triton" if q.is_cuda else CPU_DEFAULT_BACKEND
 
 
 def use_dense(n: int, *, threshold: float, segment_size: int, min_len: int) -> bool:

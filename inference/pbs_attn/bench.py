@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from inference.pbs_attn.algorithm import attention_recall_many, make_plan
-from inference.pbs_attn.api import dense_causal, get_backend
+from inference.pbs_attn.api import CPU_DEFAULT_BACKEND, dense_causal, get_backend
 from inference.pbs_attn.config import PBSSettings
 from inference.pbs_attn.synthetic import heavy_hitter_qkv
 
@@ -168,10 +168,10 @@ def op_row(
     qkv: dict[int, tuple[Tensor, Tensor, Tensor]],
     settings: PBSSettings,
     reps: int,
-    backend: str = "flex",
+    backend: str = CPU_DEFAULT_BACKEND,
 ) -> dict[str, Any]:
-    """Dense SDPA vs PBS on each captured layer; alternating order per rep, medians over reps."""
-    flex = get_backend(backend)
+    """Dense SDPA vs PBS (``backend``) on each captured layer; alternating order per rep, medians over reps."""
+    sparse = get_backend(backend)
 
     def pbs(q: Tensor, k: Tensor, v: Tensor, tau: float) -> tuple[Tensor, Any, float]:
         _sync()
@@ -185,7 +185,7 @@ def op_row(
         )
         _sync()
         t_plan = time.perf_counter() - t0
-        return flex(q, k, v, plan), plan, t_plan
+        return sparse(q, k, v, plan), plan, t_plan
 
     layers = sorted(qkv)
     sparse_layers = [i for i in layers if settings.layer_enabled(i)]
@@ -228,6 +228,7 @@ def op_row(
     density = statistics.mean(densities.values())
     return {
         "len": n,
+        "backend": backend,
         "layers": layers,
         "dense_layers": [i for i in layers if i not in sparse_layers],
         "dense_sdpa_s": round(dense_s, 6),
@@ -326,7 +327,12 @@ def calibrate_section(
 
 
 def op_section(
-    lengths: list[int], layers: list[int], settings: PBSSettings, reps: int, gpu_rows: list[dict[str, Any]]
+    lengths: list[int],
+    layers: list[int],
+    settings: PBSSettings,
+    reps: int,
+    gpu_rows: list[dict[str, Any]],
+    backend: str = CPU_DEFAULT_BACKEND,
 ) -> list[dict[str, Any]]:
     rows = []
     for n in lengths:
@@ -335,7 +341,7 @@ def op_section(
         qkv = capture_qkv(model, corpus_ids(tok, n), layers)
         capture_s = time.perf_counter() - t0
         del model
-        row = op_row(n, qkv, settings, reps)
+        row = op_row(n, qkv, settings, reps, backend=backend)
         row["capture_s"] = round(capture_s, 1)
         row["rope"] = "native" if n <= TRAINED_POSITIONS else f"linear x{math.ceil(n / TRAINED_POSITIONS)}"
         _log(f"op N={n}: {json.dumps({k: v for k, v in row.items() if k != 'per_layer'})}")
@@ -548,6 +554,11 @@ def main(argv: list[str] | None = None) -> int:
         "--curve-len", type=int, default=8192, help="length of the density/recall and quality runs"
     )
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--backend",
+        default=CPU_DEFAULT_BACKEND,
+        help=f"PBS path of the CPU op rows (default: the CPU default, {CPU_DEFAULT_BACKEND!r}; e.g. gather, flex)",
+    )
     ap.add_argument("--threshold", type=float, default=0.9)
     ap.add_argument("--out", type=Path, default=Path("results/pbs_attn"))
     ap.add_argument(
@@ -588,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
             "platform": platform.platform(),
             "torch": torch.__version__,
             "threads": args.threads,
+            "cpu_backend": args.backend,
             "cuda": torch.cuda.is_available(),
         },
         "model": "SmolLM2-135M-Instruct fp32 (9 q heads, 3 kv heads, d=64); linear RoPE scaling beyond 8192",
@@ -609,7 +621,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown sections {sorted(unknown)}; choose from op, curves, quality, e2e")
     gpu_rows: list[dict[str, Any]] = []
-    report["op"] = op_section(lengths, args.layers, settings, args.reps, gpu_rows) if "op" in sections else []
+    report["op"] = (
+        op_section(lengths, args.layers, settings, args.reps, gpu_rows, backend=args.backend)
+        if "op" in sections
+        else []
+    )
     report["op_gpu"] = gpu_rows if gpu_rows else "not run: no CUDA device in this run"
     save()
     if "curves" in sections:

@@ -11,8 +11,10 @@ number of off-diagonal blocks (descending) and processed in chunks of rows; per 
 then one ``bmm`` for Q·Kᵀ (q pre-scaled), ``-inf`` on the padded slots and on the causal-masked entries
 of the own-segment columns, one softmax over the whole row (exact, not online: every key of the row is in
 the buffer) and one ``bmm`` with V. Unselected blocks are never gathered nor multiplied; the dense
-(N, N) matrix never exists. The Python loop is over chunks (a few dozen per call), not over blocks or
-heads. Sorting by count keeps the padding (wasted GEMM work) to a few per cent.
+(N, N) matrix never exists. The Python loop is over chunks of rows: a chunk holds as many rows as fit
+a ~4 MiB score budget (tens of rows at 4K-8K; at 16K-32K one row's scores alone are 2-5 MiB, so a chunk
+is one row, i.e. ~15 tensor ops for ~0.3 GFLOP of GEMM work).
+Sorting by count keeps the padding (wasted GEMM work) to a few per cent.
 
 Attention runs on permuted K/V (Lemma 3.1: a joint K/V permutation leaves the output unchanged).
 bf16/fp16 inputs are computed in fp32 (CPU bf16 GEMMs would round the logits to bf16) and cast back;
@@ -53,6 +55,7 @@ def gather_pbs_attention(
     *,
     scale: float | None = None,
     chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+    q_tile: int | None = None,
 ) -> Tensor:
     """Block-sparse causal attention for ``plan`` on CPU by gathered batched GEMMs (see module docstring)."""
     if q.device.type != "cpu":
@@ -93,23 +96,27 @@ def gather_pbs_attention(
 
         # Chunk schedule first, so that every buffer is allocated once (fresh multi-MiB allocations per
         # chunk cost page faults) and reused through ``out=`` views.
-        schedule: list[tuple[int, int, int]] = []  # (first sorted row, #rows, max #off-diagonal blocks)
+        # ``q_tile`` < B splits each chunk's queries into sub-tiles sharing one K/V gather (smaller score
+        # buffer). Measured at 8K/16K (2 threads): no gain over whole 128-query blocks, so off by default.
+        schedule: list[tuple[int, int, int, int]] = []  # (first sorted row, #rows, max #off blocks, qt)
         start = 0
         while start < rows:
             m = int(count[order[start]])
-            r = max(1, min(rows - start, chunk_elems // (bs * bs * (m + spb))))
-            schedule.append((start, r, m))
+            width = (m + spb) * bs
+            r = max(1, min(rows - start, chunk_elems // (bs * width)))
+            qt = bs if q_tile is None else min(q_tile, bs)
+            schedule.append((start, r, m, qt))
             start += r
-        kv_elems = max(r * (m + spb) * bs * d for _, r, m in schedule)
+        kv_elems = max(r * (m + spb) * bs * d for _, r, m, _ in schedule)
         kg_buf = torch.empty(kv_elems, dtype=work)
         vg_buf = torch.empty(kv_elems, dtype=work)
-        s_buf = torch.empty(kv_elems // d * bs, dtype=work)
-        q_buf = torch.empty(max(r for _, r, _ in schedule) * bs * d, dtype=work)
+        s_buf = torch.empty(max(r * qt * (m + spb) * bs for _, r, m, qt in schedule), dtype=work)
+        q_buf = torch.empty(max(r for _, r, _, _ in schedule) * bs * d, dtype=work)
         o_buf = torch.empty_like(q_buf)
 
         out = torch.empty(rows, bs, d, dtype=work)
         q_off = torch.arange(bs)
-        for start, r, m in schedule:
+        for start, r, m, qt in schedule:
             sel = order[start : start + r]
             width = (m + spb) * bs
             pad = torch.arange(m)[None, :] >= count[sel, None]  # (r, m) padded off-diagonal slots
@@ -118,14 +125,22 @@ def gather_pbs_attention(
             kg = torch.index_select(kb, 0, idx, out=kg_buf[: r * width * d].view(-1, bs, d)).view(r, width, d)
             vg = torch.index_select(vb, 0, idx, out=vg_buf[: r * width * d].view(-1, bs, d)).view(r, width, d)
             qg = torch.index_select(qb, 0, sel, out=q_buf[: r * bs * d].view(r, bs, d))
-            scores = torch.bmm(qg, kg.transpose(1, 2), out=s_buf[: r * bs * width].view(r, bs, width))
-            if m and bool(pad.any()):
-                pr, ps = pad.nonzero(as_tuple=True)
-                scores.view(r, bs, m + spb, bs).transpose(1, 2)[pr, ps] = float("-inf")
+            pads = pad.nonzero(as_tuple=True) if m and bool(pad.any()) else None
             q_pos = (i_of[sel] * bs)[:, None] + q_off  # (r, bs) original query positions
-            future = key_pos[diag_idx[sel]].view(r, 1, spb * bs) > q_pos[:, :, None]
-            scores[:, :, m * bs :].masked_fill_(future, float("-inf"))
-            torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place, exact per row
-            out.index_copy_(0, sel, torch.bmm(scores, vg, out=o_buf[: r * bs * d].view(r, bs, d)))
+            diag_pos = key_pos[diag_idx[sel]].view(r, 1, spb * bs)
+            o = o_buf[: r * bs * d].view(r, bs, d)
+            for s0 in range(0, bs, qt):
+                scores = torch.bmm(
+                    qg[:, s0 : s0 + qt], kg.transpose(1, 2), out=s_buf[: r * qt * width].view(r, qt, width)
+                )
+                if pads is not None:
+                    scores.view(r, qt, m + spb, bs).transpose(1, 2)[pads] = float("-inf")
+                scores[:, :, m * bs :].masked_fill_(diag_pos > q_pos[:, s0 : s0 + qt, None], float("-inf"))
+                torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place, exact per row
+                if qt == bs:
+                    torch.bmm(scores, vg, out=o)
+                else:
+                    o[:, s0 : s0 + qt] = torch.bmm(scores, vg)
+            out.index_copy_(0, sel, o)
         result = out.view(bsz, hq, n_pad, d)[:, :, :n]
     return result.to(q.dtype)

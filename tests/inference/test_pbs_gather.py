@@ -46,12 +46,14 @@ def test_gather_head_dims_and_gqa_modes(gqa: str, d: int) -> None:
     _close_to_reference(out, q, k, v, plan)
 
 
-@pytest.mark.parametrize("chunk_elems", [1, 128 * 640, 1 << 30])
-def test_chunking_does_not_change_the_result(chunk_elems: int) -> None:
-    """One row per chunk, a few rows (ragged padding inside chunks), everything in one chunk."""
+@pytest.mark.parametrize(
+    ("chunk_elems", "q_tile"), [(1, None), (1, 32), (128 * 640, None), (128 * 640, 64), (1 << 30, None)]
+)
+def test_chunking_does_not_change_the_result(chunk_elems: int, q_tile: int | None) -> None:
+    """One row per chunk, a few rows (ragged padding inside chunks), one chunk; with query sub-tiles."""
     q, k, v = heavy_hitter_qkv(1, 4, 2, 1500, 64, seed=32)
     plan = make_plan(q, k, threshold=0.8)
-    out = gather_pbs_attention(q, k, v, plan, chunk_elems=chunk_elems)
+    out = gather_pbs_attention(q, k, v, plan, chunk_elems=chunk_elems, q_tile=q_tile)
     _close_to_reference(out, q, k, v, plan)
 
 
