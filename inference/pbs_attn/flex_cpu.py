@@ -1,6 +1,7 @@
-"""CPU fast path: compiled ``flex_attention`` over a ``BlockMask`` built straight from the PBS plan.
+"""CPU path: compiled ``flex_attention`` over a ``BlockMask`` built straight from the PBS plan.
 
-Why flex and not a hand-written gather loop: on these 2-core CPUs the compiled, tiled flex kernel
+No longer the CPU default (``backend="flex"`` selects it): on the 2-core Xeon the chunked gather path
+(``gather_cpu.py``) measured 1.4-1.5x faster (README). Original rationale, from the AMD calibration: on those CPUs the compiled, tiled flex kernel
 keeps ~90 % of the ideal 1/density speedup and breaks even with dense SDPA only near 100 % density,
 while an eager gather+GEMM loop needs a Python iteration per (head, query block) and falls out of
 cache at long rows (see ``shared/reference/pbs-cpu-calibration.md``).

@@ -24,6 +24,7 @@ fp64 stays fp64.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
@@ -56,6 +57,7 @@ def gather_pbs_attention(
     scale: float | None = None,
     chunk_elems: int = DEFAULT_CHUNK_ELEMS,
     q_tile: int | None = None,
+    workers: int | None = None,
 ) -> Tensor:
     """Block-sparse causal attention for ``plan`` on CPU by gathered batched GEMMs (see module docstring)."""
     if q.device.type != "cpu":
@@ -98,6 +100,7 @@ def gather_pbs_attention(
         # chunk cost page faults) and reused through ``out=`` views.
         # ``q_tile`` < B splits each chunk's queries into sub-tiles sharing one K/V gather (smaller score
         # buffer). Measured at 8K/16K (2 threads): no gain over whole 128-query blocks, so off by default.
+        workers = torch.get_num_threads() if workers is None else workers
         schedule: list[tuple[int, int, int, int]] = []  # (first sorted row, #rows, max #off blocks, qt)
         start = 0
         while start < rows:
@@ -107,40 +110,64 @@ def gather_pbs_attention(
             qt = bs if q_tile is None else min(q_tile, bs)
             schedule.append((start, r, m, qt))
             start += r
-        kv_elems = max(r * (m + spb) * bs * d for _, r, m, _ in schedule)
-        kg_buf = torch.empty(kv_elems, dtype=work)
-        vg_buf = torch.empty(kv_elems, dtype=work)
-        s_buf = torch.empty(max(r * qt * (m + spb) * bs for _, r, m, qt in schedule), dtype=work)
-        q_buf = torch.empty(max(r for _, r, _, _ in schedule) * bs * d, dtype=work)
-        o_buf = torch.empty_like(q_buf)
-
         out = torch.empty(rows, bs, d, dtype=work)
         q_off = torch.arange(bs)
-        for start, r, m, qt in schedule:
-            sel = order[start : start + r]
-            width = (m + spb) * bs
-            pad = torch.arange(m)[None, :] >= count[sel, None]  # (r, m) padded off-diagonal slots
-            off = torch.where(pad, n_blocks, base[sel, None] + off_idx[sel, :m])
-            idx = torch.cat([off, diag_idx[sel]], dim=1).reshape(-1)  # (r * (m + spb),)
-            kg = torch.index_select(kb, 0, idx, out=kg_buf[: r * width * d].view(-1, bs, d)).view(r, width, d)
-            vg = torch.index_select(vb, 0, idx, out=vg_buf[: r * width * d].view(-1, bs, d)).view(r, width, d)
-            qg = torch.index_select(qb, 0, sel, out=q_buf[: r * bs * d].view(r, bs, d))
-            pads = pad.nonzero(as_tuple=True) if m and bool(pad.any()) else None
-            q_pos = (i_of[sel] * bs)[:, None] + q_off  # (r, bs) original query positions
-            diag_pos = key_pos[diag_idx[sel]].view(r, 1, spb * bs)
-            o = o_buf[: r * bs * d].view(r, bs, d)
-            for s0 in range(0, bs, qt):
-                scores = torch.bmm(
-                    qg[:, s0 : s0 + qt], kg.transpose(1, 2), out=s_buf[: r * qt * width].view(r, qt, width)
+
+        @torch.no_grad()  # grad mode is thread-local
+        def run(chunks: list[tuple[int, int, int, int]]) -> None:
+            if not chunks:
+                return
+            if workers > 1:
+                torch.set_num_threads(1)  # per OS thread (OpenMP/MKL thread-local): no intra-op teams
+            kv_elems = max(r * (m + spb) * bs * d for _, r, m, _ in chunks)
+            kg_buf = torch.empty(kv_elems, dtype=work)
+            vg_buf = torch.empty(kv_elems, dtype=work)
+            s_buf = torch.empty(max(r * qt * (m + spb) * bs for _, r, m, qt in chunks), dtype=work)
+            q_buf = torch.empty(max(r for _, r, _, _ in chunks) * bs * d, dtype=work)
+            o_buf = torch.empty_like(q_buf)
+
+            for start, r, m, qt in chunks:
+                sel = order[start : start + r]
+                width = (m + spb) * bs
+                pad = torch.arange(m)[None, :] >= count[sel, None]  # (r, m) padded off-diagonal slots
+                off = torch.where(pad, n_blocks, base[sel, None] + off_idx[sel, :m])
+                idx = torch.cat([off, diag_idx[sel]], dim=1).reshape(-1)  # (r * (m + spb),)
+                kg = torch.index_select(kb, 0, idx, out=kg_buf[: r * width * d].view(-1, bs, d)).view(
+                    r, width, d
                 )
-                if pads is not None:
-                    scores.view(r, qt, m + spb, bs).transpose(1, 2)[pads] = float("-inf")
-                scores[:, :, m * bs :].masked_fill_(diag_pos > q_pos[:, s0 : s0 + qt, None], float("-inf"))
-                torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place, exact per row
-                if qt == bs:
-                    torch.bmm(scores, vg, out=o)
-                else:
-                    o[:, s0 : s0 + qt] = torch.bmm(scores, vg)
-            out.index_copy_(0, sel, o)
+                vg = torch.index_select(vb, 0, idx, out=vg_buf[: r * width * d].view(-1, bs, d)).view(
+                    r, width, d
+                )
+                qg = torch.index_select(qb, 0, sel, out=q_buf[: r * bs * d].view(r, bs, d))
+                pads = pad.nonzero(as_tuple=True) if m and bool(pad.any()) else None
+                q_pos = (i_of[sel] * bs)[:, None] + q_off  # (r, bs) original query positions
+                diag_pos = key_pos[diag_idx[sel]].view(r, 1, spb * bs)
+                o = o_buf[: r * bs * d].view(r, bs, d)
+                for s0 in range(0, bs, qt):
+                    scores = torch.bmm(
+                        qg[:, s0 : s0 + qt],
+                        kg.transpose(1, 2),
+                        out=s_buf[: r * qt * width].view(r, qt, width),
+                    )
+                    if pads is not None:
+                        scores.view(r, qt, m + spb, bs).transpose(1, 2)[pads] = float("-inf")
+                    scores[:, :, m * bs :].masked_fill_(
+                        diag_pos > q_pos[:, s0 : s0 + qt, None], float("-inf")
+                    )
+                    torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place, exact per row
+                    if qt == bs:
+                        torch.bmm(scores, vg, out=o)
+                    else:
+                        o[:, s0 : s0 + qt] = torch.bmm(scores, vg)
+                out.index_copy_(0, sel, o)
+
+        if workers > 1:
+            # One single-threaded worker per core, chunks dealt round-robin (sorted order balances the
+            # load). Intra-op OpenMP teams would meet at a barrier ~10 times per chunk; on a shared box a
+            # descheduled team thread then stalls every region (measured: 3-10x slower under contention).
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(run, [schedule[w::workers] for w in range(workers)]))
+        else:
+            run(schedule)
         result = out.view(bsz, hq, n_pad, d)[:, :, :n]
     return result.to(q.dtype)

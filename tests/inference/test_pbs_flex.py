@@ -26,7 +26,7 @@ def test_flex_matches_reference_ragged_batch_gqa(n: int) -> None:
 @pytest.mark.parametrize("gqa", ["shared", "replicated"])
 def test_flex_head_dim_128_and_gqa_modes(gqa: str) -> None:
     q, k, v = heavy_hitter_qkv(1, 2, 1, 1025, 128, seed=21)
-    out, plan = pbs_attention_with_plan(q, k, v, threshold=0.8, gqa=gqa)  # type: ignore[arg-type]
+    out, plan = pbs_attention_with_plan(q, k, v, threshold=0.8, gqa=gqa, backend="flex")  # type: ignore[arg-type]
     assert plan is not None and plan.gqa == gqa
     assert plan.selected.any() and (plan.density() < 1.0).all()
     torch.testing.assert_close(out.double(), pbs_reference(q, k, v, plan), atol=FP32_ATOL, rtol=FP32_RTOL)
@@ -34,7 +34,7 @@ def test_flex_head_dim_128_and_gqa_modes(gqa: str) -> None:
 
 def test_public_function_is_sparse_and_exact_on_planted_data() -> None:
     q, k, v = heavy_hitter_qkv(1, 4, 2, 2048, 64, seed=22)
-    out, plan = pbs_attention_with_plan(q, k, v)
+    out, plan = pbs_attention_with_plan(q, k, v, backend="flex")
     assert plan is not None
     assert plan.density().mean() < 0.85  # planted structure: τ=0.9 must skip blocks
     torch.testing.assert_close(out.double(), pbs_reference(q, k, v, plan), atol=FP32_ATOL, rtol=FP32_RTOL)
@@ -67,7 +67,7 @@ def test_strict_causality_with_finite_future_sentinels() -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_error_within_twice_torch_error(dtype: torch.dtype) -> None:
     q, k, v = heavy_hitter_qkv(2, 4, 2, 1025, 64, seed=25, dtype=dtype)
-    out, plan = pbs_attention_with_plan(q, k, v, threshold=0.9)
+    out, plan = pbs_attention_with_plan(q, k, v, threshold=0.9, backend="flex")
     assert plan is not None and out.dtype == dtype
     ref = pbs_reference(q, k, v, plan)
     mask = token_key_mask(plan)

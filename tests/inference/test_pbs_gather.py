@@ -57,6 +57,19 @@ def test_chunking_does_not_change_the_result(chunk_elems: int, q_tile: int | Non
     _close_to_reference(out, q, k, v, plan)
 
 
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_worker_threads_do_not_change_the_result(workers: int) -> None:
+    """Chunks dealt to single-threaded worker threads; the caller's thread count is left alone."""
+    q, k, v = heavy_hitter_qkv(2, 4, 2, 1500, 64, seed=40)
+    plan = make_plan(q, k, threshold=0.8)
+    threads = torch.get_num_threads()
+    out = gather_pbs_attention(q, k, v, plan, workers=workers, chunk_elems=128 * 640)
+    assert torch.get_num_threads() == threads
+    _close_to_reference(out, q, k, v, plan)
+    q.requires_grad_(True)
+    assert not gather_pbs_attention(q, k, v, plan, workers=workers).requires_grad
+
+
 def test_sparse_and_exact_on_planted_data() -> None:
     q, k, v = heavy_hitter_qkv(1, 4, 2, 2048, 64, seed=33)
     out, plan = pbs_attention_with_plan(q, k, v, backend="gather")
