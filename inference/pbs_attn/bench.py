@@ -567,6 +567,11 @@ def main(argv: list[str] | None = None) -> int:
         help="per-layer policy: 'auto' (calibrate τ overrides / dense layers on a held-out corpus slice), "
         "'none', or a dense-layer list such as '3,4'",
     )
+    ap.add_argument(
+        "--layer-thresholds",
+        default="",
+        help="per-layer τ overrides such as '3:0.98,4:0.98' (use with --dense-layers none to skip calibration)",
+    )
     ap.add_argument("--recall-floor", type=float, default=0.95, help="per-layer recall floor for 'auto'")
     ap.add_argument("--calibration-len", type=int, default=8192)
     ap.add_argument(
@@ -593,6 +598,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     elif args.dense_layers != "none":
         settings = PBSSettings(attention="pbs", threshold=args.threshold, min_len=0, dense_layers=args.dense_layers)
+    if args.layer_thresholds:
+        # a policy an earlier calibration printed (e.g. the same model and text: calibration is deterministic)
+        settings = settings.model_copy(
+            update={"layer_thresholds": PBSSettings(layer_thresholds=args.layer_thresholds).layer_thresholds}
+        )
     report: dict[str, Any] = {
         "settings": settings.model_dump(),
         "machine": {
