@@ -79,7 +79,9 @@ def gather_pbs_attention(
         vb = torch.zeros(n_blocks + 1, bs, d, dtype=work)
         kb[:n_blocks].view(bsz, ph, n_pad, d)[:, :, :n] = k_perm
         vb[:n_blocks].view(bsz, ph, n_pad, d)[:, :, :n] = v_perm
-        qb = torch.nn.functional.pad(q.to(work) * scale, pad_rows).view(bsz * hq * t, bs, d)
+        # reshape, not view: q is often a strided view (transformers hands over a transposed (B, N, H, D))
+        # and elementwise ops keep that layout, so the flat block view may need a copy
+        qb = torch.nn.functional.pad(q.to(work) * scale, pad_rows).reshape(bsz * hq * t, bs, d)
         # Original index of every permuted key slot; padded/dummy slots get n_pad (> every query position).
         key_pos = torch.full((n_blocks + 1, bs), n_pad, dtype=torch.int64)
         key_pos[:n_blocks].view(bsz, ph, n_pad)[:, :, :n] = plan.perm.cpu()

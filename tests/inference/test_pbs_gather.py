@@ -36,6 +36,19 @@ def test_gather_matches_reference_ragged_batch_gqa(n: int) -> None:
     _close_to_reference(out, q, k, v, plan)
 
 
+@pytest.mark.parametrize("n", [512, 700])
+def test_strided_inputs_as_transformers_passes_them(n: int) -> None:
+    # transformers hands attention (B, H, N, D) views of (B, N, H, D) storage; a whole number of blocks
+    # (n = 512) used to hit a .view() on the strided layout
+    q, k, v = heavy_hitter_qkv(1, 4, 2, n, 64, seed=3)
+    qs, ks, vs = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    assert not qs.is_contiguous()
+    plan = make_plan(qs, ks, threshold=0.8)
+    out = gather_pbs_attention(qs, ks, vs, plan)
+    torch.testing.assert_close(out, gather_pbs_attention(q, k, v, plan), atol=1e-6, rtol=1e-6)
+    _close_to_reference(out, q, k, v, plan)
+
+
 @pytest.mark.parametrize("gqa", ["shared", "replicated"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_gather_head_dims_and_gqa_modes(gqa: str, d: int) -> None:
