@@ -34,6 +34,7 @@ from guard.features import (
     format_sample,
     sample_max,
     select_gate_features,
+    token_density,
     token_span,
 )
 from guard.monitor import MODES, GateScorer, score_sequence
@@ -80,6 +81,11 @@ class BuildConfig:
     # "none": c_t = sum_j s_j a_tj as in the reference code; "std": s_j / std_j(sample max over the select
     # split), i.e. each latent's activation is put on a common scale before the weighted sum
     weight_scale: str = "none"
+    # label-free: latents firing on more than this fraction of all valid tokens of the select split (safe and
+    # unsafe pooled, per gate, after the norm filter) are not selected; 1.0 = no filter. Dense latents fire in
+    # almost every sample, so their sample max mostly grows with the sample's length. 0.05 (~7x the mean
+    # density k/width of the CPU SAE) was chosen on the calibration split (README, "Measured numbers").
+    max_token_density: float = 0.05
     default_mode: str = "max"
     max_tokens_per_sample: int = 160
     splits: tuple[float, float, float] = (0.5, 0.25, 0.25)
@@ -90,7 +96,8 @@ class BuildConfig:
 CPU = BuildConfig()
 SMOKE = BuildConfig(sae_width=128, sae_k=8, sae_tokens=4096, sae_collect_tokens=4096, sae_batch=256, sae_context=32,
                     n_prompt_unsafe=24, n_prompt_safe=24, n_responses=40, n_generated=6, gen_max_new_tokens=8,
-                    lora_r=2, lora_steps=2, lora_batch=4, lora_max_len=48, top_k=8, max_tokens_per_sample=48)
+                    lora_r=2, lora_steps=2, lora_batch=4, lora_max_len=48, top_k=8, max_tokens_per_sample=48,
+                    max_token_density=0.5)   # k/width = 8/128: mean density 0.06
 PRESETS = {"cpu": CPU, "smoke": SMOKE}
 
 
@@ -421,20 +428,35 @@ def select_and_calibrate(
 
     sigma = sigma or cfg.sigma
     feats: dict[str, GateFeatures] = {}
+    density_info: dict[str, dict[str, Any]] = {}
     for gate in ("prompt", "response"):
         idx = [i for i, s in enumerate(sel) if s.gate == gate]
-        acts, spans = [], []
+        acts, spans, keeps = [], [], []
         for i in idx:
             e = enc_sel[i]
             a = _full_sae_rows(sae, e)
-            a = a * causal_norm_mask(_norms(e))[:, None]      # same filter as at serve time
+            kept = causal_norm_mask(_norms(e))
+            a = a * kept[:, None]      # same filter as at serve time
             acts.append(a)
             spans.append(e.span)
+            keeps.append(kept)
         X = sample_max(acts, spans)
         y = np.array([sel[i].label for i in idx])
         cats = [sel[i].category for i in idx]
-        feats[gate] = scale_weights(select_gate_features(X, y, cats, k=cfg.top_k, sigma=sigma),  # type: ignore[arg-type]
-                                    X, cfg.weight_scale)
+        allowed = None
+        dens = token_density(acts, spans, keeps)
+        if cfg.max_token_density < 1.0:
+            allowed = dens <= cfg.max_token_density
+        feats[gate] = scale_weights(select_gate_features(X, y, cats, k=cfg.top_k, sigma=sigma,  # type: ignore[arg-type]
+                                                         allowed=allowed), X, cfg.weight_scale)
+        sel_ids = feats[gate].overall.ids
+        density_info[gate] = {
+            "max_token_density": cfg.max_token_density,
+            "dense_dropped": 0 if allowed is None else int((~allowed).sum()),
+            "live_latents": int((dens > 0).sum()),
+            "selected_density_mean": float(dens[sel_ids].mean()) if sel_ids else 0.0,
+            "selected_density_max": float(dens[sel_ids].max()) if sel_ids else 0.0,
+        }
     thr: dict[str, Any] = {}
     cat_thr: dict[str, dict[str, float]] = {}
     metrics: dict[str, Any] = {}
@@ -465,7 +487,7 @@ def select_and_calibrate(
             scores = np.array([score_sequence(sc, rows[k], norms[k], enc_cal[idx[k]].span).score for k in keep])
             cat_thr[gate][cname] = best_f1_threshold(scores, yy).threshold
         metrics[gate] = {"calibration": per_mode, "n_features": len(gf.overall.ids),
-                         "categories": sorted(gf.categories), "sigma": sigma}
+                         "categories": sorted(gf.categories), "sigma": sigma, "density_filter": density_info[gate]}
     th = Thresholds(
         prompt=thr["prompt"][cfg.default_mode]["threshold"], response=thr["response"][cfg.default_mode]["threshold"],
         mode=cfg.default_mode, prompt_categories=cat_thr["prompt"], response_categories=cat_thr["response"],
@@ -612,6 +634,7 @@ def _load_build(out: Path) -> tuple[dict[str, Any], BuildConfig, BuildData]:
     prov = json.loads((out / "provenance.json").read_text())
     c = dict(prov["config"])
     c["splits"], c["monitored"] = tuple(c["splits"]), tuple(c["monitored"])
+    c.setdefault("max_token_density", 1.0)      # builds from before the option had no filter
     cfg = BuildConfig(**c)
     gen = [D.Sample(**json.loads(x)) for x in (out / "generated_benign.jsonl").read_text().splitlines() if x]
     bd = assemble_data(cfg, gen)
@@ -713,7 +736,7 @@ def retrain_sae(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path 
     return prov
 
 
-SELECT_FIELDS = ("top_k", "sigma", "weight_scale", "default_mode")
+SELECT_FIELDS = ("top_k", "sigma", "weight_scale", "max_token_density", "default_mode")
 
 
 def reselect_monitors(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None = None,

@@ -94,7 +94,7 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     rs.add_argument("--artifacts", default=str(DEFAULT_ARTIFACTS))
     rs.add_argument("--base-model", default=None, help="HF folder (default: the embedded SmolLM2)")
     rs.add_argument("--set", action="append", metavar="KEY=VALUE",
-                    help="override a selection field of BuildConfig (top_k, sigma, weight_scale, default_mode)")
+                    help="override a selection field of BuildConfig (top_k, sigma, weight_scale, max_token_density, default_mode)")
     rs.set_defaults(func=_reselect)
     e = gs.add_parser("eval", help="sample-level F1, streaming timeliness, baselines; JSON + PNG report")
     e.add_argument("--artifacts", default=str(DEFAULT_ARTIFACTS))

@@ -9,6 +9,10 @@
 * Score s_j = (mu+_j - mu-_j) / (sigma+ + sigma- + eps), with sigma either per feature (the paper's
   notation) or the reference code's single global sigma (std of the vector of per-feature means).
 * Keep the top K (32) with s_j > 0; their s_j are the weights of the token score c_t.
+* Optional label-free density filter (our addition, off by default in the function): latents that fire on
+  more than a given fraction of all valid tokens of the select split (both classes pooled) are excluded
+  before ranking. Such dense latents fire somewhere in nearly every sample, so their sample max mostly
+  tracks the sample's length rather than its content.
 """
 
 from __future__ import annotations
@@ -73,6 +77,27 @@ def sample_max(acts: Sequence[np.ndarray], spans: Sequence[tuple[int, int]]) -> 
     return out
 
 
+def token_density(acts: Sequence[np.ndarray], spans: Sequence[tuple[int, int]],
+                  keep: Sequence[np.ndarray] | None = None) -> np.ndarray:
+    """Firing rate of each latent over all valid tokens of all samples (no labels): the fraction of valid
+    tokens with a_tj > 0. ``keep`` (one boolean vector per sample, e.g. the causal norm filter) drops tokens
+    from the count; tokens outside the spans never count. All zeros when there is no valid token."""
+    if len(acts) != len(spans) or (keep is not None and len(keep) != len(acts)):
+        raise ValueError("acts, spans (and keep) must have one entry per sample")
+    d = acts[0].shape[1]
+    fired = np.zeros(d, dtype=np.int64)
+    n = 0
+    for i, (a, (s, e)) in enumerate(zip(acts, spans, strict=True)):
+        if e <= s:
+            continue
+        rows = a[s:e]
+        if keep is not None:
+            rows = rows[np.asarray(keep[i][s:e], dtype=bool)]
+        fired += (rows > 0).sum(axis=0)
+        n += rows.shape[0]
+    return (fired / max(n, 1)).astype(np.float32)
+
+
 def diff_scores(X: np.ndarray, y: np.ndarray, sigma: SigmaMode = "per_feature", eps: float = 1e-6) -> np.ndarray:
     """Standardised mean difference per latent.
 
@@ -120,10 +145,16 @@ class FeatureSet:
 
 def select_features(
     X: np.ndarray, y: np.ndarray, k: int = 32, sigma: SigmaMode = "per_feature", category: str = "all",
+    allowed: np.ndarray | None = None,
 ) -> FeatureSet:
-    """Top-k latents by standardised mean difference, positive scores only."""
+    """Top-k latents by standardised mean difference, positive scores only.
+
+    ``allowed`` (boolean per latent) excludes latents before ranking; the scores of the others (their σ,
+    and with ``sigma="global"`` the global σ) are computed exactly as without it."""
     s = diff_scores(X, y, sigma)
     order = np.argsort(-s, kind="stable")
+    if allowed is not None:
+        order = order[np.asarray(allowed, dtype=bool)[order]]
     keep = [int(j) for j in order[:k] if s[j] > 0]
     y = np.asarray(y).astype(bool)
     return FeatureSet(ids=keep, weights=[float(s[j]) for j in keep], category=category, sigma=sigma,
@@ -154,21 +185,22 @@ class GateFeatures:
 
 def select_gate_features(
     X: np.ndarray, y: np.ndarray, categories: Sequence[str | None], k: int = 32,
-    sigma: SigmaMode = "per_feature", min_category_samples: int = 8,
+    sigma: SigmaMode = "per_feature", min_category_samples: int = 8, allowed: np.ndarray | None = None,
 ) -> GateFeatures:
     """Overall set on all samples; one set per category: its unsafe samples against all safe samples.
 
     Categories with fewer than ``min_category_samples`` unsafe samples get no set of their own.
+    ``allowed`` (boolean per latent, e.g. ``token_density(...) <= cutoff``) applies to every set.
     """
     y = np.asarray(y).astype(bool)
-    overall = select_features(X, y, k, sigma)
+    overall = select_features(X, y, k, sigma, allowed=allowed)
     cats: dict[str, FeatureSet] = {}
     names = sorted({c for c, lab in zip(categories, y, strict=True) if lab and c})
     for c in names:
         mask = np.array([(not lab) or (cc == c) for cc, lab in zip(categories, y, strict=True)])
         if int((y & mask).sum()) < min_category_samples:
             continue
-        fs = select_features(X[mask], y[mask], k, sigma, category=c)
+        fs = select_features(X[mask], y[mask], k, sigma, category=c, allowed=allowed)
         if fs.ids:
             cats[c] = fs
     return GateFeatures(overall, cats)

@@ -45,6 +45,19 @@ def test_monitor_is_consistent(name):
     assert spec.encoder.W.shape == (576, len(spec.encoder.ids))
 
 
+def test_committed_selection_uses_the_density_filter():
+    """The committed monitors were selected with the BuildConfig default cutoff (label-free, select split)."""
+    from guard.build import CPU
+
+    prov = _prov()
+    assert prov["config"]["max_token_density"] == CPU.max_token_density < 1.0
+    for m in prov["monitors"].values():
+        for gate in ("prompt", "response"):
+            df = m[gate]["density_filter"]
+            assert df["max_token_density"] == CPU.max_token_density and df["dense_dropped"] > 0
+            assert df["selected_density_max"] <= CPU.max_token_density
+
+
 def test_selected_columns_match_the_full_sae():
     from guard.bundle import MonitorSpec
     from guard.sae import load_sae

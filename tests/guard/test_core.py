@@ -15,6 +15,7 @@ from guard.features import (
     sample_max,
     select_features,
     select_gate_features,
+    token_density,
     token_span,
 )
 from guard.monitor import (
@@ -220,6 +221,59 @@ def test_per_category_sets():
     assert gf.categories["sexual"].ids == [9]
     gf2 = GateFeatures.from_dict(gf.to_dict())
     assert gf2.all_ids() == sorted({gf.overall.ids[0], 2, 9})
+
+
+def _token_acts(n=200, d=12, seed=3):
+    """Per-token activations: latent 0 is dense (fires on every valid token, a bit higher on unsafe samples,
+    so its sample max has a large standardised difference); latent 5 is sparse and fires only on some
+    tokens of unsafe samples, with a smaller difference."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % 2 == 0
+    acts, spans = [], []
+    for i in range(n):
+        t = int(rng.integers(10, 30))
+        a = np.zeros((t + 3, d), dtype=np.float32)          # 3 prefix tokens outside the span
+        a[:, 0] = 1.0 + rng.random(t + 3) * 0.1 + (0.5 if y[i] else 0.0)
+        for j in range(1, d):
+            on = rng.random(t + 3) < 0.05
+            a[on, j] = rng.exponential(1.0, on.sum())
+        if y[i] and rng.random() < 0.7:
+            a[3 + int(rng.integers(0, t)), 5] = 2.0
+        acts.append(a)
+        spans.append((3, t + 3))
+    return acts, spans, y
+
+
+def test_token_density_counts_valid_kept_tokens_without_labels():
+    a = np.zeros((5, 3), dtype=np.float32)
+    a[:, 0] = 1.0                       # fires everywhere
+    a[1, 1] = 2.0                       # one token inside the span
+    a[0, 2] = 3.0                       # outside the span: not counted
+    dens = token_density([a], [(1, 5)])
+    assert dens.tolist() == [1.0, 0.25, 0.0]
+    keep = np.array([True, False, True, True, True])
+    assert token_density([a], [(1, 5)], [keep]).tolist() == [1.0, 0.0, 0.0]
+    assert token_density([a, a], [(0, 0), (1, 5)]).tolist() == [1.0, 0.25, 0.0]   # empty spans add nothing
+
+
+def test_density_filter_drops_dense_latent_with_large_difference():
+    acts, spans, y = _token_acts()
+    X = sample_max(acts, spans)
+    dens = token_density(acts, spans)
+    assert dens[0] == 1.0 and dens[5] < 0.2
+    cats = ["violence" if lab else None for lab in y]
+    # off (the default): the dense latent has the largest standardised difference and is selected first
+    off = select_gate_features(X, y, cats, k=2)
+    assert off.overall.ids[0] == 0 and off.categories["violence"].ids[0] == 0
+    # a cutoff below its density excludes it from every set; the sparse latent takes its place
+    allowed = dens <= 0.5
+    on = select_gate_features(X, y, cats, k=2, allowed=allowed)
+    assert 0 not in on.all_ids() and on.overall.ids[0] == 5
+    # the other latents keep exactly their scores (no re-standardisation over the survivors)
+    s = diff_scores(X, y)
+    assert on.overall.weights[0] == pytest.approx(float(s[5]))
+    # a cutoff above its density keeps it
+    assert select_gate_features(X, y, cats, k=2, allowed=dens <= 1.0).overall.ids == off.overall.ids
 
 
 def test_norm_filter_is_causal_and_drops_position_zero():

@@ -93,8 +93,14 @@ def test_retrain_sae_reuses_the_lora_and_reselects(built, tmp_path):
     sae_sha = sha(art / "sae" / "sae_weights.safetensors")
     with pytest.raises(ValueError, match="only changes selection settings"):
         reselect_monitors(art, base_model=d / "model", overrides={"sae_lr": 1.0})
-    rs = reselect_monitors(art, base_model=d / "model", overrides={"weight_scale": "std"})
+    rs = reselect_monitors(art, base_model=d / "model", overrides={"weight_scale": "std", "max_token_density": 0.3})
     assert sha(art / "sae" / "sae_weights.safetensors") == sae_sha
     assert rs["config"]["weight_scale"] == "std" and rs["selection_history"][-1]["config"]["weight_scale"] == "none"
+    assert rs["config"]["max_token_density"] == 0.3
+    for m in rs["monitors"].values():
+        for g in ("prompt", "response"):
+            df = m[g]["density_filter"]
+            assert df["max_token_density"] == 0.3 and df["dense_dropped"] >= 0
+            assert df["selected_density_max"] <= 0.3
     feats = json.loads((art / "monitors/base/features.json").read_text())
     assert all(w > 0 for w in feats["response"]["overall"]["weights"])
