@@ -58,7 +58,9 @@ def test_cut_lands_exactly_where_the_score_crosses(server: str) -> None:
     assert safety["token_offset"] <= first < safety["token_offset"] + 8
     assert len(cut_risks) == safety["token_offset"]          # exactly the released tokens carried scores
     assert all(r <= thr for r in cut_risks)                   # nothing over the threshold reached the client
-    assert cut_risks == pytest.approx(risks[: len(cut_risks)])
+    # same text, same scores, up to fp32 re-association: the guard batches a stream's pending tokens per step,
+    # and how tokens group into steps (engine delta timing) changes the GEMM shapes (seen: 1.05e-6 relative)
+    assert cut_risks == pytest.approx(risks[: len(cut_risks)], rel=1e-5, abs=1e-5)
     assert text.startswith(cut_text) and len(cut_text) < len(text)
 
 
