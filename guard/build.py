@@ -667,6 +667,31 @@ def collect_sae_activations(runner: Any, tok: Any, bd: BuildData, cfg: BuildConf
     return acts, False
 
 
+def _train_and_store_sae(runner: Any, base: Any, tok: Any, bd: BuildData, cfg: BuildConfig, out: Path,
+                         timings: dict[str, float], cache_dir: str | Path | None = None) -> tuple[Any, dict[str, Any], bool]:
+    """Collect activations, train, store (bf16) and reload the SAE, so that everything after measures and
+    selects with exactly the stored weights; held-out metrics on the test split when there is one."""
+    from guard.sae import load_sae, save_sae
+
+    t = time.time()
+    acts, cached = collect_sae_activations(runner, tok, bd, cfg, cache_dir)
+    timings["sae_activations"] = time.time() - t
+    log.info("SAE activations: %d tokens (%s, %.0fs)", acts.shape[0], "cache" if cached else "collected",
+             timings["sae_activations"])
+    t = time.time()
+    sae, sae_m = train_sae(acts, base.config.hidden_size, cfg)
+    timings["sae_train"] = time.time() - t
+    del acts
+    save_sae(sae, out / "sae")
+    _shrink_sae(out / "sae")
+    sae = load_sae(out / "sae")
+    if bd.test:
+        t = time.time()
+        sae_m["heldout_test_split"] = heldout_sae_metrics(sae, runner, tok, bd, cfg)
+        timings["sae_heldout"] = time.time() - t
+    return sae, sae_m, cached
+
+
 def retrain_sae(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None = None,
                 overrides: dict[str, Any] | None = None, cache_dir: str | Path | None = None) -> dict[str, Any]:
     """Retrain only the SAE of an existing build, reusing its LoRA adapter, data and splits (hash-checked),
@@ -675,7 +700,6 @@ def retrain_sae(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path 
     import torch
 
     from guard.runner import load_guard_model, make_runner
-    from guard.sae import load_sae, save_sae
 
     bad = sorted(set(overrides or {}) - set(SAE_FIELDS))
     if bad:
@@ -695,21 +719,7 @@ def retrain_sae(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path 
     base, tok = load_guard_model(base_model)
     runner = make_runner(base, cfg.layer, max_slots=16, max_len=8192)
     timings: dict[str, float] = {}
-    t = time.time()
-    acts, cached = collect_sae_activations(runner, tok, bd, cfg, cache_dir)
-    timings["sae_activations"] = time.time() - t
-    log.info("SAE activations: %d tokens (%s, %.0fs)", acts.shape[0], "cache" if cached else "collected",
-             timings["sae_activations"])
-    t = time.time()
-    sae, sae_m = train_sae(acts, base.config.hidden_size, cfg)
-    timings["sae_train"] = time.time() - t
-    del acts
-    save_sae(sae, out / "sae")
-    _shrink_sae(out / "sae")
-    sae = load_sae(out / "sae")            # measure and select with exactly the weights that are committed
-    t = time.time()
-    sae_m["heldout_test_split"] = heldout_sae_metrics(sae, runner, tok, bd, cfg)
-    timings["sae_heldout"] = time.time() - t
+    sae, sae_m, cached = _train_and_store_sae(runner, base, tok, bd, cfg, out, timings, cache_dir)
     sae_m["activations_from_cache"] = cached
     log.info("new SAE: %s", {k: sae_m[k] for k in ("variance_explained", "l0", "dead_fraction")})
     lora, _ = load_guard_model(base_model, out / "lora")
@@ -816,7 +826,6 @@ def build(
     import torch
 
     from guard.runner import load_guard_model, make_runner
-    from guard.sae import load_sae, save_sae
 
     if preset not in PRESETS:
         raise KeyError(f"Unknown preset '{preset}'. Available: {', '.join(PRESETS)}")
@@ -855,20 +864,7 @@ def build(
     # 2. SAE on the base model (or a pretrained one)
     runner = make_runner(base, cfg.layer, max_slots=16, max_len=8192)
     if sae_source is None:
-        t = time.time()
-        acts, _ = collect_sae_activations(runner, tok, bd, cfg)
-        timings["sae_activations"] = time.time() - t
-        t = time.time()
-        sae, sae_m = train_sae(acts, base.config.hidden_size, cfg)
-        timings["sae_train"] = time.time() - t
-        del acts
-        save_sae(sae, out / "sae")
-        _shrink_sae(out / "sae")
-        sae = load_sae(out / "sae")        # measure and select with exactly the weights that are stored
-        if bd.test:
-            t = time.time()
-            sae_m["heldout_test_split"] = heldout_sae_metrics(sae, runner, tok, bd, cfg)
-            timings["sae_heldout"] = time.time() - t
+        sae, sae_m, _ = _train_and_store_sae(runner, base, tok, bd, cfg, out, timings)
     else:
         from guard.production import load_sae_source
 
