@@ -65,6 +65,29 @@ def best_f1_threshold(scores: np.ndarray, labels: np.ndarray) -> Calibration:
     return Calibration(threshold=best[0], f1=best[1], precision=best[2], recall=best[3], n=len(s), n_pos=n_pos)
 
 
+def threshold_at_fpr(scores: np.ndarray, labels: np.ndarray, max_fpr: float) -> Calibration:
+    """The lowest threshold (most recall) whose false-positive rate on the safe samples is <= ``max_fpr``,
+    same rule and candidates as :func:`best_f1_threshold`. An operating point for operators who need few
+    false cuts more than best F1; ``Calibration.f1`` etc. are its metrics on the same scores."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels).astype(bool)
+    if s.shape != y.shape or s.ndim != 1 or len(s) == 0:
+        raise ValueError(f"scores {s.shape} and labels {y.shape} must be equal non-empty 1-D arrays")
+    if not 0.0 <= max_fpr <= 1.0:
+        raise ValueError(f"max_fpr must be in [0, 1], got {max_fpr}")
+    if y.all() or not y.any():
+        raise ValueError("an operating point needs both safe and unsafe samples")
+    u = np.unique(s)
+    below = u[0] - max(1e-6, 1e-6 * abs(u[0]))
+    cands = np.concatenate([[below], (u[:-1] + u[1:]) / 2.0, [u[-1] + max(1e-6, 1e-6 * abs(u[-1]))]])
+    neg = s[~y]
+    for g in cands:                         # ascending: the first admissible one flags the most
+        if float(np.mean(neg > g)) <= max_fpr + 1e-12:
+            p, r, f = prf(s > g, y)
+            return Calibration(threshold=float(g), f1=f, precision=p, recall=r, n=len(s), n_pos=int(y.sum()))
+    raise AssertionError("unreachable: the last candidate flags nothing")
+
+
 @dataclass
 class Thresholds:
     """Calibrated thresholds of both gates (and per category) plus the aggregation mode they assume."""

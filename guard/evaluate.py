@@ -33,7 +33,7 @@ import numpy as np
 from guard import data as D
 from guard.build import BuildConfig, assemble_data, encode_samples, verdict_scores
 from guard.bundle import MonitorSpec, load_model_for
-from guard.calibrate import best_f1_threshold, prf
+from guard.calibrate import best_f1_threshold, prf, threshold_at_fpr
 from guard.features import format_sample
 from guard.monitor import score_sequence
 
@@ -131,6 +131,41 @@ class _Monitored:
             acts = self.spec.encoder.encode(e.resid).numpy()
             out.append(score_sequence(sc, acts, e.resid.norm(dim=-1).numpy(), e.span))
         return out
+
+
+OPERATING_FPRS = (0.05, 0.1, 0.2)
+
+
+def _operating_points(m: _Monitored, cal: Sequence[D.Sample], test: dict[str, tuple[list[Any], list[D.Sample]]],
+                      streams: tuple[list[Any], list[D.Sample], list[int], list[int]],
+                      harmbench_scores: np.ndarray) -> dict[str, list[dict[str, Any]]]:
+    """``max``-mode thresholds chosen on the calibration split for a budget of flagged safe samples
+    (:func:`threshold_at_fpr`), and what each gives on the test split: the trade-off an operator makes
+    by overriding the best-F1 threshold (``NEXTGUARD_GUARD__RESPONSE_THRESHOLD`` or per request)."""
+    enc_s, st_kept, onsets, lengths = streams
+    out: dict[str, list[dict[str, Any]]] = {}
+    for gate, (enc, ss) in test.items():
+        cs = [s for s in cal if s.gate == gate]
+        c_sc = np.array([x.score for x in m.scores(m.encode(cs), cs, mode="max")])
+        c_y = np.array([s.label for s in cs])
+        y = np.array([s.label for s in ss])
+        t_sc = np.array([x.score for x in m.scores(enc, ss, mode="max")])
+        rows = []
+        for fpr in OPERATING_FPRS:
+            c = threshold_at_fpr(c_sc, c_y, fpr)
+            pred = t_sc > c.threshold          # sample score = max g: "> threshold" is "would be cut"
+            p, r, f = prf(pred, y)
+            row: dict[str, Any] = {"max_calibration_fpr": fpr, "threshold": c.threshold,
+                                   "calibration_recall": c.recall, "test_precision": p, "test_recall": r,
+                                   "test_f1": f, "test_flagged_safe": float(np.mean(pred[y == 0]))}
+            if gate == "response":
+                sc = m.scores(enc_s, st_kept, mode="max", threshold=c.threshold)
+                row["stream_cut_in_span"] = timeliness([x.cut for x in sc], onsets, lengths)["cut_within_unsafe_span"]
+            else:
+                row["harmbench_prompt_recall"] = float(np.mean(harmbench_scores > c.threshold))
+            rows.append(row)
+        out[gate] = rows
+    return out
 
 
 def _probe_features(enc: Any) -> np.ndarray:
@@ -238,6 +273,9 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
         enc_h = m.encode(reserved)
         sh = m.scores(enc_h, reserved)
         rep["reserved_harmbench_prompt_recall"] = float(np.mean([x.cut is not None for x in sh]))
+        rep["operating_points"] = _operating_points(
+            m, cal, {"prompt": (enc_p, test_p), "response": (enc_r, test_r)},
+            (enc_s, st_kept, onsets, lengths), np.array([x.score for x in m.scores(enc_h, reserved, mode="max")]))
         report["monitors"][name] = rep
         if name == "lora" or not lora_state:
             lora_state = {"m": m, "enc_p": enc_p, "enc_r": enc_r, "enc_s": enc_s, "onsets": onsets,
@@ -392,7 +430,11 @@ def _summary(rep: dict[str, Any]) -> dict[str, Any]:
                                   "stream_cut_in_span": st["cut_within_unsafe_span"], "within_32": st["within_32"],
                                   "tokens_leaked_mean": st["tokens_leaked_mean"],
                                   "false_cut_benign": st["false_cut_rate_benign"],
-                                  "harmbench_prompt_recall": r["reserved_harmbench_prompt_recall"]}
+                                  "harmbench_prompt_recall": r["reserved_harmbench_prompt_recall"],
+                                  "response_operating_points": [
+                                      {k: o[k] for k in ("max_calibration_fpr", "test_recall", "test_flagged_safe",
+                                                         "stream_cut_in_span")}
+                                      for o in r["operating_points"]["response"]]}
     b = rep["baselines"]
     s["probe"] = {"prompt_f1": b["probe"]["prompt"]["f1"], "response_f1": b["probe"]["response"]["f1"],
                   "stream_cut_in_span": b["probe"]["streaming"]["cut_within_unsafe_span"],

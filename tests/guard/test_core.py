@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from guard.calibrate import Thresholds, best_f1_threshold, prf
+from guard.calibrate import Thresholds, best_f1_threshold, prf, threshold_at_fpr
 from guard.features import (
     FeatureSet,
     GateFeatures,
@@ -355,6 +355,26 @@ def test_best_f1_threshold_matches_brute_force():
         assert cal.f1 == pytest.approx(brute)
         assert prf(s > cal.threshold, y)[2] == pytest.approx(cal.f1)
         assert not np.any(s == cal.threshold)
+
+
+def test_threshold_at_fpr_is_the_most_recall_within_the_false_positive_budget():
+    rng = np.random.default_rng(5)
+    for max_fpr in (0.0, 0.05, 0.2, 1.0):
+        n = 80
+        y = rng.random(n) < 0.5
+        y[:2] = [True, False]
+        s = np.round(rng.normal(y * 1.0, 1.0), 1)   # ties
+        cal = threshold_at_fpr(s, y, max_fpr)
+        fpr = float(np.mean(s[~y] > cal.threshold))
+        assert fpr <= max_fpr + 1e-12
+        # brute force over every cut point: nothing admissible flags more unsafe samples
+        best_r = max(prf(s > t, y)[1] for t in np.concatenate([[s.min() - 1], s])
+                     if np.mean(s[~y] > t) <= max_fpr + 1e-12)
+        assert cal.recall == pytest.approx(best_r)
+        assert not np.any(s == cal.threshold)
+    assert threshold_at_fpr(s, y, 1.0).recall == 1.0
+    with pytest.raises(ValueError, match="both safe and unsafe"):
+        threshold_at_fpr(s[y], y[y], 0.1)
 
 
 def test_thresholds_roundtrip(tmp_path):

@@ -47,6 +47,14 @@ def test_eval_and_bench_run(built, tmp_path):
     st = rep["monitors"]["lora"]["streaming"]["max"]
     assert 0.0 <= st["cut_within_unsafe_span"] <= st["cut_rate"] + 1e-9
     assert {"within_16", "within_32", "within_128", "tokens_leaked_mean", "false_cut_rate_benign"} <= set(st)
+    ops = rep["monitors"]["lora"]["operating_points"]
+    for gate in ("prompt", "response"):
+        budgets = [o["max_calibration_fpr"] for o in ops[gate]]
+        assert budgets == sorted(budgets)
+        # a larger false-positive budget never raises the threshold (the calibration picks it)
+        thr = [o["threshold"] for o in ops[gate]]
+        assert thr == sorted(thr, reverse=True)
+    assert {"stream_cut_in_span", "test_flagged_safe"} <= set(ops["response"][0])
     for f in ("report.json", "pr_prompt.png", "pr_response.png", "traces_lora.png"):
         assert (tmp_path / "ev" / f).is_file()
     res = run_bench(d / "art", base_model=str(d / "model"), streams=2, tokens=4, cost_tokens=8)
