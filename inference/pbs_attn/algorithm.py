@@ -297,26 +297,39 @@ def attention_recall_many(
 ) -> list[Tensor]:
     """:func:`attention_recall` for several plans over the same q/k, computing dense probabilities once.
 
-    Works in query chunks on a (b, hq, chunk, N) slab so that 8K-32K fits in memory.
+    Works in query chunks on a (b, hq, chunk, N) slab so that 8K-32K fits in memory. The keys are taken
+    in each plan's permuted order, so a chunk's probabilities fold into per-block masses with one
+    contiguous reduction; every plan that shares the permutation (all τ of one q/k do: the permutation
+    does not depend on τ) is then scored on (chunk, T) block masses instead of (chunk, N) token masks.
     """
     bsz, hq, n, d = q.shape
     group = hq // k.shape[1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    key_blocks = []
-    for plan in plans:
-        perm = plan.perm_for_q_heads()
-        inv = torch.empty_like(perm).scatter_(-1, perm, torch.arange(n, device=perm.device).expand_as(perm))
-        key_blocks.append(inv // plan.block_size)
     kx = k.float().repeat_interleave(group, dim=1)
     totals = [torch.zeros(bsz, hq, dtype=torch.float64, device=q.device) for _ in plans]
-    for start in range(0, n, chunk):
-        stop = min(start + chunk, n)
-        logits = torch.matmul(q[:, :, start:stop].float(), kx.transpose(-1, -2)) * scale
-        pos = torch.arange(start, stop, device=q.device)
-        future = torch.arange(n, device=q.device)[None, :] > pos[:, None]
-        probs = torch.softmax(logits.masked_fill(future, float("-inf")), dim=-1)
-        for plan, key_block, total in zip(plans, key_blocks, totals, strict=True):
-            rows = plan.block_mask[:, :, pos // plan.block_size, :]
-            allowed = rows.gather(-1, key_block[:, :, None, :].expand(-1, -1, stop - start, -1))
-            total += (probs * allowed).sum(dim=-1).double().sum(dim=-1)
+    # group the plans by (permutation, block size)
+    groups: list[tuple[Tensor, int, list[int]]] = []
+    for idx, plan in enumerate(plans):
+        perm = plan.perm_for_q_heads()
+        for g_perm, g_bs, members in groups:
+            if g_bs == plan.block_size and torch.equal(g_perm, perm):
+                members.append(idx)
+                break
+        else:
+            groups.append((perm, plan.block_size, [idx]))
+    for perm, bs, members in groups:
+        t = -(-n // bs)
+        k_perm = kx.gather(2, perm[..., None].expand(-1, -1, -1, d))
+        for start in range(0, n, chunk):
+            stop = min(start + chunk, n)
+            logits = torch.matmul(q[:, :, start:stop].float(), k_perm.transpose(-1, -2)) * scale
+            pos = torch.arange(start, stop, device=q.device)
+            future = perm[:, :, None, :] > pos[None, None, :, None]  # original index of each permuted key
+            probs = torch.softmax(logits.masked_fill(future, float("-inf")), dim=-1)
+            if t * bs != n:
+                probs = torch.nn.functional.pad(probs, (0, t * bs - n))
+            mass = probs.view(bsz, hq, stop - start, t, bs).sum(dim=-1)  # (b, hq, chunk, T)
+            for idx in members:
+                rows = plans[idx].block_mask[:, :, pos // bs, :]
+                totals[idx] += (mass * rows).sum(dim=-1).double().sum(dim=-1)
     return [total / n for total in totals]
