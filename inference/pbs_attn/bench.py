@@ -188,7 +188,7 @@ def op_row(
         return sparse(q, k, v, plan), plan, t_plan
 
     layers = sorted(qkv)
-    sparse_layers = [i for i in layers if settings.layer_enabled(i)]
+    sparse_layers = [i for i in layers if settings.enabled and settings.threshold_for(i, n) < 1.0]
     dense_t: dict[int, list[float]] = {i: [] for i in layers}
     pbs_t: dict[int, list[float]] = {i: [] for i in layers}
     plan_t: dict[int, list[float]] = {i: [] for i in layers}
@@ -212,7 +212,7 @@ def op_row(
                     else:
                         _sync()
                         t0 = time.perf_counter()
-                        _, plan, tp = pbs(q, k, v, settings.threshold_for(i))
+                        _, plan, tp = pbs(q, k, v, settings.threshold_for(i, n))
                         _sync()
                         pbs_t[i].append(time.perf_counter() - t0)
                         plan_t[i].append(tp)
@@ -244,7 +244,7 @@ def op_row(
                 "pbs_s": round(statistics.median(pbs_t[i]), 4),
                 "density": round(densities[i], 4),
                 "recall": round(recalls[i], 4),
-                "path": "dense (opted out)" if i not in plans else f"pbs tau={settings.threshold_for(i)}",
+                "path": "dense (opted out)" if i not in plans else f"pbs tau={settings.threshold_for(i, n)}",
             }
             for i in layers
         },

@@ -57,6 +57,26 @@ class PBSSettings(BaseModel):
         ),
     )
 
+    length_thresholds: dict[int, dict[int, float]] = Field(
+        default_factory=dict,
+        description=(
+            "Per-length τ overrides {min_tokens: {layer: τ}}: a prefill of N tokens applies, on top of "
+            "layer_thresholds, the bucket with the largest min_tokens <= N. Attention spreads differently at "
+            "longer contexts (more so under RoPE scaling), so a policy calibrated at one length may not hold "
+            "at another; the benchmark's calibration writes one bucket per calibrated length."
+        ),
+    )
+
+    @field_validator("length_thresholds", mode="before")
+    @classmethod
+    def _length_thresholds_from_text(cls, v: object) -> object:
+        # env form: a JSON object, e.g. '{"32768": {"4": 0.99}}'
+        if isinstance(v, str):
+            import json
+
+            return json.loads(v) if v.strip() else {}
+        return v
+
     @field_validator("layer_thresholds", mode="before")
     @classmethod
     def _thresholds_from_text(cls, v: object) -> object:
@@ -83,20 +103,40 @@ class PBSSettings(BaseModel):
         bad = {i: t for i, t in self.layer_thresholds.items() if i < 0 or not 0.0 < t <= 1.0}
         if bad:
             raise ValueError(f"layer_thresholds needs layer >= 0 and 0 < τ <= 1, got {bad}")
+        bad_len = {
+            n: {i: t for i, t in b.items() if i < 0 or not 0.0 < t <= 1.0}
+            for n, b in self.length_thresholds.items()
+        }
+        bad_len = {n: b for n, b in bad_len.items() if b or n < 0}
+        if bad_len:
+            raise ValueError(f"length_thresholds needs min_tokens >= 0, layer >= 0 and 0 < τ <= 1, got {bad_len}")
         return self
 
     @property
     def enabled(self) -> bool:
         return self.attention == "pbs"
 
-    def threshold_for(self, layer_idx: int | None) -> float:
-        """τ for this layer: 1.0 (dense) for an opted-out layer, its override, else the global τ."""
+    def threshold_for(self, layer_idx: int | None, n: int | None = None) -> float:
+        """τ for this layer at prefill length ``n``: 1.0 (dense) for an opted-out layer, else the override of
+        the length bucket for ``n`` (largest ``min_tokens <= n``), else its layer override, else the global τ.
+        ``n=None`` ignores the length buckets."""
         if layer_idx is None:
             return self.threshold
         if layer_idx in self.dense_layers:
             return 1.0
+        if n is not None:
+            buckets = [m for m in self.length_thresholds if m <= n]
+            if buckets:
+                tau = self.length_thresholds[max(buckets)].get(layer_idx)
+                if tau is not None:
+                    return tau
         return self.layer_thresholds.get(layer_idx, self.threshold)
 
     def layer_enabled(self, layer_idx: int | None) -> bool:
-        """PBS is on for this layer (an unknown index counts as not opted out)."""
-        return self.enabled and self.threshold_for(layer_idx) < 1.0
+        """PBS may run on this layer at some length (an unknown index counts as not opted out); the τ for a
+        given prefill comes from :meth:`threshold_for`, and τ >= 1 there means dense."""
+        if not self.enabled or layer_idx in self.dense_layers:
+            return False
+        taus = [self.threshold_for(layer_idx)]
+        taus += [b[layer_idx] for b in self.length_thresholds.values() if layer_idx is not None and layer_idx in b]
+        return min(taus) < 1.0

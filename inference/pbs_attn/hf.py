@@ -54,7 +54,7 @@ def make_attention_fn(settings: PBSSettings) -> Callable[..., Any]:
     ) -> tuple[Any, None]:
         n = query.shape[2]
         fresh_prefill = n > 1 and key.shape[2] == n
-        tau = settings.threshold_for(getattr(module, "layer_idx", None))
+        tau = settings.threshold_for(getattr(module, "layer_idx", None), n)
         eligible = (
             fresh_prefill
             and attention_mask is None

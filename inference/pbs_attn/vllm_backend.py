@@ -64,9 +64,10 @@ class BatchSplit:
 
 
 def split_requests(
-    query_start_loc: Sequence[int], seq_lens: Sequence[int], settings: PBSSettings
+    query_start_loc: Sequence[int], seq_lens: Sequence[int], settings: PBSSettings, layer_idx: int | None = None
 ) -> BatchSplit:
-    """Decide per request; ``query_start_loc`` has ``num_reqs + 1`` entries (CPU ints)."""
+    """Decide per request; ``query_start_loc`` has ``num_reqs + 1`` entries (CPU ints). A request whose τ
+    for ``layer_idx`` at its length is >= 1 (its length bucket makes the layer dense) stays on the stock kernel."""
     from inference.pbs_attn.api import use_dense
 
     pbs: list[int] = []
@@ -79,7 +80,7 @@ def split_requests(
             and fresh
             and not use_dense(
                 q_len,
-                threshold=settings.threshold,
+                threshold=settings.threshold_for(layer_idx, q_len),
                 segment_size=settings.segment_size,
                 min_len=settings.min_len,
             )
@@ -173,7 +174,7 @@ def _build_classes() -> dict[str, type]:
                     output_block_scale,
                 )
             qsl = attn_metadata.query_start_loc.tolist()
-            split = split_requests(qsl, attn_metadata.seq_lens.tolist(), settings)
+            split = split_requests(qsl, attn_metadata.seq_lens.tolist(), settings, layer_idx)
             if not split.pbs:
                 return super().forward(
                     layer,
@@ -197,7 +198,7 @@ def _build_classes() -> dict[str, type]:
                     q,
                     k,
                     v,
-                    threshold=settings.threshold_for(layer_idx),
+                    threshold=settings.threshold_for(layer_idx, e - s),
                     segment_size=settings.segment_size,
                     block_size=settings.block_size,
                     gqa=settings.gqa,

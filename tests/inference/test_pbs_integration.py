@@ -131,6 +131,44 @@ def test_hf_opted_out_layer_stays_on_sdpa() -> None:
     assert (stats.pbs, stats.dense) == (1, 1)
 
 
+def test_length_thresholds_apply_the_bucket_of_the_prefill_length() -> None:
+    s = PBSSettings(
+        attention="pbs",
+        threshold=0.9,
+        dense_layers=(1,),
+        layer_thresholds={4: 0.98},
+        length_thresholds='{"16384": {"4": 0.99, "1": 0.5}, "32768": {"4": 1.0, "7": 0.95}}',  # type: ignore[arg-type]
+    )
+    assert s.length_thresholds == {16384: {4: 0.99, 1: 0.5}, 32768: {4: 1.0, 7: 0.95}}
+    assert [s.threshold_for(4, n) for n in (None, 8192, 16384, 20000, 32768)] == [0.98, 0.98, 0.99, 0.99, 1.0]
+    assert [s.threshold_for(7, n) for n in (16384, 32768)] == [0.9, 0.95]
+    assert s.threshold_for(1, 20000) == 1.0  # dense_layers win over every bucket
+    # layer 4 is dense at 32K but sparse below: still enabled; the per-prefill τ decides
+    assert s.layer_enabled(4) and not s.layer_enabled(1)
+    assert PBSSettings(attention="pbs", layer_thresholds={2: 1.0}, length_thresholds={8192: {2: 0.95}}).layer_enabled(2)
+    with pytest.raises(ValidationError, match="length_thresholds"):
+        PBSSettings(length_thresholds={16384: {4: 1.5}})
+
+
+def test_hf_attention_uses_the_length_bucket_tau() -> None:
+    from inference.pbs_attn.hf import register_hf_attention, stats
+
+    # layer 1 runs PBS below 1000 tokens and dense from 1000 on
+    name = register_hf_attention(
+        PBSSettings(attention="pbs", threshold=0.5, min_len=0, length_thresholds={1000: {1: 1.0}}),
+        name="pbs_test_length_bucket",
+    )
+    model = _tiny_llama(name)
+    stats.reset()
+    with torch.no_grad():
+        model(torch.randint(0, 128, (1, 700)))
+    assert (stats.pbs, stats.dense) == (2, 0)
+    stats.reset()
+    with torch.no_grad():
+        model(torch.randint(0, 128, (1, 1100)))
+    assert (stats.pbs, stats.dense) == (1, 1)
+
+
 def test_hf_registration_is_loud_about_conflicts() -> None:
     from inference.pbs_attn.hf import register_hf_attention
 
@@ -183,6 +221,10 @@ def test_vllm_split_requests_fresh_long_prefills_only() -> None:
     assert split.pbs == [1, 5] and split.dense == [0, 2, 3, 4]
     assert split_requests(qsl, seq_lens, PBSSettings(attention="dense", min_len=0)).pbs == []
     assert split_requests(qsl, seq_lens, PBSSettings(attention="pbs", threshold=1.0, min_len=0)).pbs == []
+    # a length bucket that makes layer 3 dense from 1500 tokens sends the 2000-token prefill to the stock kernel
+    lb = PBSSettings(attention="pbs", min_len=1000, length_thresholds={1500: {3: 1.0}})
+    assert split_requests(qsl, seq_lens, lb, layer_idx=3).pbs == [5]
+    assert split_requests(qsl, seq_lens, lb, layer_idx=2).pbs == [1, 5]
 
 
 def test_vllm_restrict_metadata_packs_kept_requests() -> None:
@@ -233,5 +275,7 @@ def test_root_settings_read_the_layer_policy_from_json_env(monkeypatch: pytest.M
 
     monkeypatch.setenv("NEXTGUARD_INFERENCE__PBS__LAYER_THRESHOLDS", '{"3": 0.98}')
     monkeypatch.setenv("NEXTGUARD_INFERENCE__PBS__DENSE_LAYERS", "[0, 4]")
+    monkeypatch.setenv("NEXTGUARD_INFERENCE__PBS__LENGTH_THRESHOLDS", '{"32768": {"4": 0.99}}')
     pbs = Settings().inference.pbs
     assert pbs.layer_thresholds == {3: 0.98} and pbs.dense_layers == (0, 4)
+    assert pbs.length_thresholds == {32768: {4: 0.99}}
