@@ -119,8 +119,9 @@ def segment_permutation(
     if n_seg == 0:
         return identity
     n_last = min(block_size, n)
-    q_last = q[:, :, n - n_last :, :].float().reshape(bsz, hkv, group * n_last, d)
-    logits = torch.matmul(q_last, k.float().transpose(-1, -2)) * scale  # (b, hkv, group*n_last, n)
+    # scale the (group*n_last, d) queries, not the (group*n_last, N) logits: one pass less over the big tensor
+    q_last = (q[:, :, n - n_last :, :].float() * scale).reshape(bsz, hkv, group * n_last, d)
+    logits = torch.matmul(q_last, k.float().transpose(-1, -2))  # (b, hkv, group*n_last, n)
     logits = logits.view(bsz, hkv, group, n_last, n)
     # Causal on original positions: unlike the reference code we do not let the last block see its
     # own future keys; it changes nothing but the last block and keeps the proxy a true attention.
@@ -154,7 +155,9 @@ def _block_mean(x: Tensor, block_size: int) -> Tensor:
     bsz, h, n, d = x.shape
     t = -(-n // block_size)
     pad = t * block_size - n
-    xs = torch.nn.functional.pad(x.float(), (0, 0, 0, pad)).view(bsz, h, t, block_size, d).sum(dim=3)
+    # no pad (= a full copy of q or k) when N is a multiple of the block size, the common long-prompt case
+    xf = x.float() if pad == 0 else torch.nn.functional.pad(x.float(), (0, 0, 0, pad))
+    xs = xf.reshape(bsz, h, t, block_size, d).sum(dim=3)
     counts = torch.full((t,), float(block_size), device=x.device)
     counts[-1] = block_size - pad
     return xs / counts[:, None]

@@ -54,7 +54,7 @@ from inference.pbs_attn.synthetic import heavy_hitter_qkv
 
 TRAINED_POSITIONS = 8192
 TAUS = (0.8, 0.9, 0.95)
-CALIBRATION_TAUS = (0.95, 0.98, 0.99)
+CALIBRATION_TAUS = (0.95, 0.98, 0.99, 0.995)
 CAPTURE_NAME = "nextguard_pbs_capture"
 
 
@@ -263,19 +263,26 @@ def choose_layer_threshold(
 
 
 def calibrate_section(
-    settings: PBSSettings, n: int, floor: float, offset: int, candidates: tuple[float, ...] = CALIBRATION_TAUS
+    settings: PBSSettings,
+    n: int,
+    floor: float,
+    offset: int,
+    candidates: tuple[float, ...] = CALIBRATION_TAUS,
+    layers: list[int] | None = None,
 ) -> dict[str, Any]:
     """Per-layer attention-mass recall on *calibration* text (a corpus slice the timed rows never see).
     A layer whose head-mean recall at the global τ falls below ``floor`` gets the smallest candidate τ that
-    reaches it (``layer_thresholds``), or runs dense (``dense_layers``) when none does."""
+    reaches it (``layer_thresholds``), or runs dense (``dense_layers``) when none does. ``layers`` limits
+    the calibration to some layers (default: all)."""
     model, tok = load_smollm2(n)
     n_layers = model.config.num_hidden_layers
-    qkv = capture_qkv(model, corpus_ids(tok, n, offset=offset), list(range(n_layers)))
+    layers = list(range(n_layers)) if layers is None else sorted(layers)
+    qkv = capture_qkv(model, corpus_ids(tok, n, offset=offset), layers)
     del model
     taus = sorted({settings.threshold, *(t for t in candidates if t > settings.threshold)})
     per_layer: dict[int, dict[str, Any]] = {}
     with torch.no_grad():
-        for i in range(n_layers):
+        for i in layers:
             q, k, _ = qkv.pop(i)
             plans = [
                 make_plan(
@@ -307,19 +314,21 @@ def calibrate_section(
         t = per_layer[i]["chosen_tau"]
         return 1.0 if t >= 1.0 else float(per_layer[i][f"{key}_by_tau"][str(t)])
 
+    n_cal = len(per_layer)
     out = {
         "len": n,
+        "layers": layers,
         "corpus_offset": offset,
         "recall_floor": floor,
         "candidate_taus": taus,
         "dense_layers": dense,
         "layer_thresholds": overrides,
         "per_layer": per_layer,
-        # What the calibrated policy gives over all layers on the calibration text (dense: recall 1, density 1).
-        "all_layers_recall": round(sum(policy("recall", i) for i in per_layer) / n_layers, 4),
-        "all_layers_density": round(sum(policy("density", i) for i in per_layer) / n_layers, 4),
-        "all_layers_recall_global_tau": round(sum(r["recall"] for r in per_layer.values()) / n_layers, 4),
-        "all_layers_density_global_tau": round(sum(r["density"] for r in per_layer.values()) / n_layers, 4),
+        # What the calibrated policy gives over the calibrated layers on the calibration text (dense: 1, 1).
+        "all_layers_recall": round(sum(policy("recall", i) for i in per_layer) / n_cal, 4),
+        "all_layers_density": round(sum(policy("density", i) for i in per_layer) / n_cal, 4),
+        "all_layers_recall_global_tau": round(sum(r["recall"] for r in per_layer.values()) / n_cal, 4),
+        "all_layers_density_global_tau": round(sum(r["density"] for r in per_layer.values()) / n_cal, 4),
     }
     summary = {k: out[k] for k in ("dense_layers", "layer_thresholds", "all_layers_recall", "all_layers_density")}
     _log(f"calibration N={n}: {json.dumps(summary)}")
@@ -575,6 +584,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recall-floor", type=float, default=0.95, help="per-layer recall floor for 'auto'")
     ap.add_argument("--calibration-len", type=int, default=8192)
     ap.add_argument(
+        "--length-buckets",
+        default="",
+        help="with 'auto': lengths that get their own τ bucket (length_thresholds), calibrated at that length on "
+        "held-out text; default: every op length above --calibration-len; 'none' for one policy at every length",
+    )
+    ap.add_argument(
+        "--bucket-layers",
+        choices=["timed", "all"],
+        default=None,
+        help="layers calibrated per length bucket: 'timed' (the op rows' --layers; default with --quick, whose rows "
+        "use no other layer) or 'all' (default otherwise; what a serving policy needs)",
+    )
+    ap.add_argument(
+        "--length-thresholds",
+        default="",
+        help='per-length τ buckets as JSON, e.g. \'{"32768": {"4": 0.99}}\' (a policy an earlier run printed)',
+    )
+    ap.add_argument(
         "--sections",
         default="op,curves,quality,e2e",
         help="comma list of sections to run (full run only; --quick is op alone)",
@@ -598,10 +625,31 @@ def main(argv: list[str] | None = None) -> int:
         )
     elif args.dense_layers != "none":
         settings = PBSSettings(attention="pbs", threshold=args.threshold, min_len=0, dense_layers=args.dense_layers)
+    bucket_reports: list[dict[str, Any]] = []
+    if args.dense_layers == "auto" and args.length_buckets != "none":
+        blens = (
+            [int(x) for x in args.length_buckets.split(",") if x.strip()]
+            if args.length_buckets
+            else [n for n in lengths if n > args.calibration_len]
+        )
+        blayers = args.layers if (args.bucket_layers or ("timed" if args.quick else "all")) == "timed" else None
+        plain = PBSSettings(attention="pbs", threshold=args.threshold, min_len=0)
+        buckets: dict[int, dict[int, float]] = {}
+        for bn in sorted(set(blens)):
+            # attention spreads differently at longer contexts (here also under RoPE interpolation): the 8K
+            # policy need not hold at 32K, so each length gets its own τ per calibrated layer
+            cal = calibrate_section(plain, bn, args.recall_floor, offset, layers=blayers)
+            buckets[bn] = {int(i): float(r["chosen_tau"]) for i, r in cal["per_layer"].items()}
+            bucket_reports.append(cal)
+        settings = settings.model_copy(update={"length_thresholds": buckets})
     if args.layer_thresholds:
         # a policy an earlier calibration printed (e.g. the same model and text: calibration is deterministic)
         settings = settings.model_copy(
             update={"layer_thresholds": PBSSettings(layer_thresholds=args.layer_thresholds).layer_thresholds}
+        )
+    if args.length_thresholds:
+        settings = settings.model_copy(
+            update={"length_thresholds": PBSSettings(length_thresholds=args.length_thresholds).length_thresholds}
         )
     report: dict[str, Any] = {
         "settings": settings.model_dump(),
@@ -616,6 +664,7 @@ def main(argv: list[str] | None = None) -> int:
         "input": "Python stdlib docstrings tokenised with the SmolLM2 tokenizer",
         "quick": args.quick,
         "calibration": calibration if calibration is not None else f"not run: --dense-layers {args.dense_layers}",
+        "calibration_length_buckets": bucket_reports or "not run",
     }
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)

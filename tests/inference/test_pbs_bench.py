@@ -65,3 +65,12 @@ def test_op_row_uses_the_layer_tau_override() -> None:
     high = op_row(1025, qkv, base.model_copy(update={"layer_thresholds": {2: 0.99}}), reps=1)
     assert high["per_layer"][2]["path"] == "pbs tau=0.99" and low["per_layer"][2]["path"] == "pbs tau=0.5"
     assert high["recall"] > low["recall"] and high["density"] > low["density"]
+
+
+def test_op_row_uses_the_length_bucket_of_its_length() -> None:
+    qkv = {2: heavy_hitter_qkv(1, 4, 2, 1025, 64, seed=3)}
+    s = PBSSettings(attention="pbs", min_len=0, threshold=0.5, length_thresholds={1024: {2: 0.99}, 4096: {2: 1.0}})
+    row = op_row(1025, qkv, s, reps=1)
+    assert row["per_layer"][2]["path"] == "pbs tau=0.99"
+    dense = op_row(1025, qkv, s.model_copy(update={"length_thresholds": {1000: {2: 1.0}}}), reps=1)
+    assert dense["dense_layers"] == [2] and dense["recall"] == 1.0
