@@ -52,8 +52,10 @@ def _rebuild_splits(artifacts: Path) -> tuple[BuildConfig, Any, dict[str, Any]]:
     for name, part in (("select", bd.select), ("calib", bd.calib), ("test", bd.test)):
         want = prov["data"]["splits"][name]["sha256"]
         if D.data_hash(part) != want:
-            raise RuntimeError(f"rebuilt {name} split differs from the build's (hash mismatch): the installed "
-                               "data packages changed since the build; rebuild the artifacts")
+            missing = [k for k, v in D.corpus_texts().items() if not v]
+            hint = (f"the Debian text packages {missing} are missing (scripts/install.sh guard installs them)"
+                    if missing else "the installed data packages changed since the build; rebuild the artifacts")
+            raise RuntimeError(f"rebuilt {name} split differs from the build's (hash mismatch): {hint}")
     return cfg, bd, prov
 
 

@@ -44,5 +44,19 @@ if [ "$DEVICE" = cpu ]; then
   "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
 "$VENV/bin/python" -c 'import vllm, transformers, fastapi' >/dev/null
+case ",$EXTRAS," in
+  *,guard,*)
+    # `nextguard guard build|eval` read benign English text from these Debian packages (guard/data.py); without
+    # them the rebuilt data splits differ from the committed build's and `guard eval` stops on the hash check.
+    GUARD_DEBS="python3.11-doc fortunes jargon-text"
+    if ! dpkg -s $GUARD_DEBS >/dev/null 2>&1; then
+      if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $GUARD_DEBS >/dev/null) \
+          || echo "nextguard: could not install $GUARD_DEBS (guard build/eval need them)" >&2
+      else
+        echo "nextguard: install the Debian packages $GUARD_DEBS for guard build/eval" >&2
+      fi
+    fi ;;
+esac
 echo "$WANT" > "$STAMP"
 echo "nextguard: .venv ready ($EXTRAS)"
