@@ -36,16 +36,27 @@ def prf(pred: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     return p, r, f
 
 
-def best_f1_threshold(scores: np.ndarray, labels: np.ndarray) -> Calibration:
+def _scores_labels(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     s = np.asarray(scores, dtype=np.float64)
     y = np.asarray(labels).astype(bool)
     if s.shape != y.shape or s.ndim != 1 or len(s) == 0:
         raise ValueError(f"scores {s.shape} and labels {y.shape} must be equal non-empty 1-D arrays")
+    return s, y
+
+
+def _candidates(s: np.ndarray, above: bool = False) -> np.ndarray:
+    """Ascending: just below the smallest score, the midpoints, and (``above``) just above the largest."""
+    u = np.unique(s)
+    below = [u[0] - max(1e-6, 1e-6 * abs(u[0]))]
+    top = [u[-1] + max(1e-6, 1e-6 * abs(u[-1]))] if above else []
+    return np.concatenate([below, (u[:-1] + u[1:]) / 2.0, top])
+
+
+def best_f1_threshold(scores: np.ndarray, labels: np.ndarray) -> Calibration:
+    s, y = _scores_labels(scores, labels)
     if not y.any():
         raise ValueError("calibration needs at least one unsafe sample")
-    u = np.unique(s)
-    below = u[0] - max(1e-6, 1e-6 * abs(u[0]))
-    cands = np.concatenate([[below], (u[:-1] + u[1:]) / 2.0])
+    cands = _candidates(s)
     # Sort once and sweep: for gamma between u[k-1] and u[k], the flagged set is every score >= u[k].
     order = np.argsort(-s, kind="stable")
     ys = y[order]
@@ -69,19 +80,13 @@ def threshold_at_fpr(scores: np.ndarray, labels: np.ndarray, max_fpr: float) -> 
     """The lowest threshold (most recall) whose false-positive rate on the safe samples is <= ``max_fpr``,
     same rule and candidates as :func:`best_f1_threshold`. An operating point for operators who need few
     false cuts more than best F1; ``Calibration.f1`` etc. are its metrics on the same scores."""
-    s = np.asarray(scores, dtype=np.float64)
-    y = np.asarray(labels).astype(bool)
-    if s.shape != y.shape or s.ndim != 1 or len(s) == 0:
-        raise ValueError(f"scores {s.shape} and labels {y.shape} must be equal non-empty 1-D arrays")
+    s, y = _scores_labels(scores, labels)
     if not 0.0 <= max_fpr <= 1.0:
         raise ValueError(f"max_fpr must be in [0, 1], got {max_fpr}")
     if y.all() or not y.any():
         raise ValueError("an operating point needs both safe and unsafe samples")
-    u = np.unique(s)
-    below = u[0] - max(1e-6, 1e-6 * abs(u[0]))
-    cands = np.concatenate([[below], (u[:-1] + u[1:]) / 2.0, [u[-1] + max(1e-6, 1e-6 * abs(u[-1]))]])
     neg = s[~y]
-    for g in cands:                         # ascending: the first admissible one flags the most
+    for g in _candidates(s, above=True):    # ascending: the first admissible one flags the most
         if float(np.mean(neg > g)) <= max_fpr + 1e-12:
             p, r, f = prf(s > g, y)
             return Calibration(threshold=float(g), f1=f, precision=p, recall=r, n=len(s), n_pos=int(y.sum()))

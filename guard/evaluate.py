@@ -138,20 +138,19 @@ class _Monitored:
 OPERATING_FPRS = (0.05, 0.1, 0.2)
 
 
-def _operating_points(m: _Monitored, cal: Sequence[D.Sample], test: dict[str, tuple[list[Any], list[D.Sample]]],
+def _operating_points(m: _Monitored, cal: Sequence[D.Sample], test: dict[str, tuple[np.ndarray, np.ndarray]],
                       streams: tuple[list[Any], list[D.Sample], list[int], list[int]],
                       harmbench_scores: np.ndarray) -> dict[str, list[dict[str, Any]]]:
     """``max``-mode thresholds chosen on the calibration split for a budget of flagged safe samples
     (:func:`threshold_at_fpr`), and what each gives on the test split: the trade-off an operator makes
-    by overriding the best-F1 threshold (``NEXTGUARD_GUARD__RESPONSE_THRESHOLD`` or per request)."""
+    by overriding the best-F1 threshold (``NEXTGUARD_GUARD__RESPONSE_THRESHOLD`` or per request).
+    ``test`` maps each gate to the test split's ``max``-mode sample scores and labels."""
     enc_s, st_kept, onsets, lengths = streams
     out: dict[str, list[dict[str, Any]]] = {}
-    for gate, (enc, ss) in test.items():
+    for gate, (t_sc, y) in test.items():
         cs = [s for s in cal if s.gate == gate]
         c_sc = np.array([x.score for x in m.scores(m.encode(cs), cs, mode="max")])
         c_y = np.array([s.label for s in cs])
-        y = np.array([s.label for s in ss])
-        t_sc = np.array([x.score for x in m.scores(enc, ss, mode="max")])
         rows = []
         for fpr in OPERATING_FPRS:
             c = threshold_at_fpr(c_sc, c_y, fpr)
@@ -234,6 +233,7 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
         m = _Monitored(artifacts, name, base_model, cfg)
         rep: dict[str, Any] = {}
         enc_p, enc_r = m.encode(test_p), m.encode(test_r)
+        max_scores: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for gate, enc, ss in (("prompt", enc_p, test_p), ("response", enc_r, test_r)):
             y = np.array([s.label for s in ss])
             g_rep = {}
@@ -244,6 +244,7 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
                 p, r, f = prf(pred, y)
                 g_rep[mode] = {"precision": p, "recall": r, "f1": f}
                 if mode == "max":
+                    max_scores[gate] = (scores, y)
                     pr = _pr(scores, y)
                     g_rep["ap"] = pr["ap"]
                     pr_curves[f"{gate}/nextguard-{name}"] = pr
@@ -275,9 +276,10 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
         enc_h = m.encode(reserved)
         sh = m.scores(enc_h, reserved)
         rep["reserved_harmbench_prompt_recall"] = float(np.mean([x.cut is not None for x in sh]))
+        if m.spec.thresholds.mode != "max":       # the operating points are max-mode thresholds
+            sh = m.scores(enc_h, reserved, mode="max")
         rep["operating_points"] = _operating_points(
-            m, cal, {"prompt": (enc_p, test_p), "response": (enc_r, test_r)},
-            (enc_s, st_kept, onsets, lengths), np.array([x.score for x in m.scores(enc_h, reserved, mode="max")]))
+            m, cal, max_scores, (enc_s, st_kept, onsets, lengths), np.array([x.score for x in sh]))
         report["monitors"][name] = rep
         if name == "lora" or not lora_state:
             lora_state = {"m": m, "enc_p": enc_p, "enc_r": enc_r, "enc_s": enc_s, "onsets": onsets,

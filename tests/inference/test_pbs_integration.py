@@ -67,6 +67,17 @@ def _tiny_llama(attn: str) -> torch.nn.Module:
     return LlamaForCausalLM(cfg).eval()
 
 
+
+def _paths(model: torch.nn.Module, n: int, batch: int = 1, attention_mask: torch.Tensor | None = None) -> tuple[int, int]:
+    """(PBS calls, SDPA calls) of one forward over ``batch`` x ``n`` random tokens."""
+    from inference.pbs_attn.hf import stats
+
+    stats.reset()
+    with torch.no_grad():
+        model(torch.randint(0, 128, (batch, n)), attention_mask=attention_mask)
+    return stats.pbs, stats.dense
+
+
 def test_hf_pbs_dense_equivalence_and_prefill_only() -> None:
     from inference.pbs_attn.hf import register_hf_attention, stats
 
@@ -92,43 +103,31 @@ def test_hf_pbs_dense_equivalence_and_prefill_only() -> None:
 
 
 def test_hf_length_gate_and_padding_fall_back_to_sdpa() -> None:
-    from inference.pbs_attn.hf import register_hf_attention, stats
+    from inference.pbs_attn.hf import register_hf_attention
 
     name = register_hf_attention(PBSSettings(attention="pbs", min_len=1000), name="pbs_test_gate")
     model = _tiny_llama(name)
-    stats.reset()
-    with torch.no_grad():
-        model(torch.randint(0, 128, (1, 700)))
-    assert (stats.pbs, stats.dense) == (0, 2)
-    stats.reset()
+    assert _paths(model, 700) == (0, 2)
     mask = torch.ones(2, 1100, dtype=torch.long)
     mask[1, :5] = 0  # left padding -> a real mask -> SDPA
-    with torch.no_grad():
-        model(torch.randint(0, 128, (2, 1100)), attention_mask=mask)
-    assert (stats.pbs, stats.dense) == (0, 2)
+    assert _paths(model, 1100, batch=2, attention_mask=mask) == (0, 2)
 
 
 def test_hf_opted_out_layer_stays_on_sdpa() -> None:
-    from inference.pbs_attn.hf import register_hf_attention, stats
+    from inference.pbs_attn.hf import register_hf_attention
 
     # threshold 0.5: layer 0's PBS output differs from dense, so equality below proves layer 1 alone ran PBS
     name = register_hf_attention(
         PBSSettings(attention="pbs", threshold=0.5, min_len=0, dense_layers=(0,)), name="pbs_test_optout"
     )
     model = _tiny_llama(name)
-    stats.reset()
-    with torch.no_grad():
-        model(torch.randint(0, 128, (1, 700)))
-    assert (stats.pbs, stats.dense) == (1, 1)
+    assert _paths(model, 700) == (1, 1)
     # a τ override of 1.0 is an opt-out too
     name = register_hf_attention(
         PBSSettings(attention="pbs", threshold=0.5, min_len=0, layer_thresholds={1: 1.0}), name="pbs_test_tau1"
     )
     model = _tiny_llama(name)
-    stats.reset()
-    with torch.no_grad():
-        model(torch.randint(0, 128, (1, 700)))
-    assert (stats.pbs, stats.dense) == (1, 1)
+    assert _paths(model, 700) == (1, 1)
 
 
 def test_length_thresholds_apply_the_bucket_of_the_prefill_length() -> None:
@@ -151,7 +150,7 @@ def test_length_thresholds_apply_the_bucket_of_the_prefill_length() -> None:
 
 
 def test_hf_attention_uses_the_length_bucket_tau() -> None:
-    from inference.pbs_attn.hf import register_hf_attention, stats
+    from inference.pbs_attn.hf import register_hf_attention
 
     # layer 1 runs PBS below 1000 tokens and dense from 1000 on
     name = register_hf_attention(
@@ -159,14 +158,8 @@ def test_hf_attention_uses_the_length_bucket_tau() -> None:
         name="pbs_test_length_bucket",
     )
     model = _tiny_llama(name)
-    stats.reset()
-    with torch.no_grad():
-        model(torch.randint(0, 128, (1, 700)))
-    assert (stats.pbs, stats.dense) == (2, 0)
-    stats.reset()
-    with torch.no_grad():
-        model(torch.randint(0, 128, (1, 1100)))
-    assert (stats.pbs, stats.dense) == (1, 1)
+    assert _paths(model, 700) == (2, 0)
+    assert _paths(model, 1100) == (1, 1)
 
 
 def test_hf_registration_is_loud_about_conflicts() -> None:
