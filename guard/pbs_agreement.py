@@ -25,7 +25,7 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from guard.bundle import MonitorSpec, load_model_for
 from guard.features import format_sample, token_span
 from guard.monitor import score_sequence
 from guard.runner import decoder_layers
+
+if TYPE_CHECKING:
+    from inference.pbs_attn.config import LayerTau
 
 log = logging.getLogger("guard.pbs_agreement")
 
@@ -99,7 +102,7 @@ def _verdict(model: Any, ids: Any, vid: list[int]) -> float:
 
 
 def run(artifacts: Path, n_tokens: int, n_unsafe: int, n_control: int, threshold: float,
-        dense_layers: tuple[int, ...], seed: int, layer_thresholds: dict[int, float] | None = None) -> dict[str, Any]:
+        dense_layers: tuple[int, ...], seed: int, layer_thresholds: dict[int, LayerTau] | None = None) -> dict[str, Any]:
     import torch
 
     from inference.pbs_attn.config import PBSSettings

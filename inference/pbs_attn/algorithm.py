@@ -19,6 +19,7 @@ query's own ("diagonal") segment are always computed with a token mask on *origi
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,6 +27,29 @@ import torch
 from torch import Tensor
 
 GQAMode = Literal["shared", "replicated"]
+# τ for a whole layer, or one τ per query head (heads differ in how much mass mean-pooling loses).
+Threshold = float | Sequence[float]
+
+
+def threshold_floor(threshold: Threshold) -> float:
+    """The smallest τ of a scalar or per-head threshold (>= 1 everywhere means dense)."""
+    return float(threshold) if isinstance(threshold, int | float) else min(float(t) for t in threshold)
+
+
+def _threshold_for_heads(threshold: Threshold, q_heads: int, device: torch.device) -> float | Tensor:
+    """A scalar τ as is; a per-head τ as a (q_heads, 1, 1) fp32 tensor that broadcasts over (b, h, T, T).
+
+    fp32, like the cumulative proxy mass it is compared with: a per-head τ then selects exactly what the
+    same scalar τ selects for that head (a Python float is compared in the tensor's dtype, fp32, too).
+    """
+    if isinstance(threshold, int | float):
+        return float(threshold)
+    taus = [float(t) for t in threshold]
+    if len(taus) != q_heads:
+        raise ValueError(f"per-head threshold needs one τ per query head ({q_heads}); got {len(taus)}")
+    if not all(t > 0.0 for t in taus):
+        raise ValueError(f"thresholds must be > 0; got {taus}")
+    return torch.tensor(taus, dtype=torch.float32, device=device).view(q_heads, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -173,7 +197,7 @@ def select_blocks(
     k_perm: Tensor,
     perm: Tensor,
     *,
-    threshold: float,
+    threshold: Threshold,
     segment_size: int = 256,
     block_size: int = 128,
     scale: float | None = None,
@@ -185,7 +209,7 @@ def select_blocks(
     cumulative mass reaches ``threshold`` (the block that crosses it is included). If rounding keeps
     the sum below ``threshold``, every candidate is taken (paper Alg. 2; the reference code would take
     none). The sink block (permuted block holding original token 0) and every diagonal-segment block
-    are then OR-ed in.
+    are then OR-ed in. ``threshold`` is one τ, or one τ per query head.
 
     Returns ``(block_mask, block_scores, selected)``, each (batch, q_heads, T, T).
     """
@@ -210,7 +234,8 @@ def select_blocks(
     n_cand = candidate.sum(dim=-1)  # (t,)
     # Blocks strictly below threshold, plus the one that crosses it; capped at the candidate count so
     # "never reached" means "all candidates".
-    n_keep = torch.minimum((cum < threshold).sum(dim=-1) + 1, n_cand)
+    tau = _threshold_for_heads(threshold, hq, q.device)
+    n_keep = torch.minimum((cum < tau).sum(dim=-1) + 1, n_cand)
     keep_sorted = torch.arange(t, device=q.device) < n_keep[..., None]
     selected = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted) & candidate
 
@@ -226,7 +251,7 @@ def make_plan(
     q: Tensor,
     k: Tensor,
     *,
-    threshold: float = 0.9,
+    threshold: Threshold = 0.9,
     segment_size: int = 256,
     block_size: int = 128,
     gqa: GQAMode = "shared",
@@ -234,7 +259,8 @@ def make_plan(
     scale: float | None = None,
 ) -> PBSPlan:
     """Permutation + block selection for one causal prefill. ``permute=False`` keeps the identity order
-    (same selection rule), which is what the benchmark's "without permutation" curves use."""
+    (same selection rule), which is what the benchmark's "without permutation" curves use. ``threshold``
+    is one τ for every head or a sequence with one τ per query head."""
     _check_inputs(q, k, k, segment_size, block_size)
     if gqa not in ("shared", "replicated"):
         raise ValueError(f"Unknown GQA mode {gqa!r}. Available: 'shared', 'replicated'")

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from inference.pbs_attn.algorithm import GQAMode, PBSPlan, make_plan
+from inference.pbs_attn.algorithm import GQAMode, PBSPlan, Threshold, make_plan, threshold_floor
 
 Backend = Literal["auto", "gather", "flex", "triton", "reference"]
 
@@ -54,13 +54,14 @@ def default_backend(q: Tensor) -> str:
     return "triton" if q.is_cuda else CPU_DEFAULT_BACKEND
 
 
-def use_dense(n: int, *, threshold: float, segment_size: int, min_len: int) -> bool:
+def use_dense(n: int, *, threshold: Threshold, segment_size: int, min_len: int) -> bool:
     """The dense-fallback rule shared by every integration.
 
-    Dense when ``threshold >= 1`` (all mass requested), when the prompt is shorter than the length gate,
-    or when it fits in one segment (then every key is in the diagonal segment anyway).
+    Dense when ``threshold >= 1`` for every head (all mass requested), when the prompt is shorter than the
+    length gate, or when it fits in one segment (then every key is in the diagonal segment anyway). A
+    per-head τ with some heads at 1.0 stays sparse: those heads select every candidate block.
     """
-    return threshold >= 1.0 or n < min_len or n <= segment_size
+    return threshold_floor(threshold) >= 1.0 or n < min_len or n <= segment_size
 
 
 def dense_causal(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None) -> Tensor:
@@ -74,7 +75,7 @@ def pbs_attention(
     k: Tensor,
     v: Tensor,
     *,
-    threshold: float = 0.9,
+    threshold: Threshold = 0.9,
     segment_size: int = 256,
     block_size: int = 128,
     min_len: int = 0,
@@ -88,6 +89,7 @@ def pbs_attention(
         q: (batch, q_heads, N, head_dim) queries in original order (after RoPE).
         k, v: (batch, kv_heads, N, head_dim); ``q_heads`` must be a multiple of ``kv_heads`` (GQA).
         threshold: proxy attention mass τ each (head, query block) must reach; ``>= 1.0`` means dense.
+            A sequence gives one τ per query head.
         segment_size: S, permutation segment; a multiple of ``block_size``.
         block_size: B, selection granularity (query and key blocks).
         min_len: length gate; shorter prompts run dense causal SDPA (0 = no gate).
@@ -118,7 +120,7 @@ def pbs_attention_with_plan(
     k: Tensor,
     v: Tensor,
     *,
-    threshold: float = 0.9,
+    threshold: Threshold = 0.9,
     segment_size: int = 256,
     block_size: int = 128,
     min_len: int = 0,

@@ -3,9 +3,11 @@
 Sections (all CPU here; GPU rows when CUDA is present):
 
 0. **calibration** (``--dense-layers auto``, the default): per-layer attention-mass recall of the τ plan
-   on a held-out slice of the corpus at 8K; a layer below ``--recall-floor`` (0.95) at the global τ gets
-   the smallest τ in {0.95, 0.98, 0.99} that reaches the floor, or runs dense if none does, in every
-   later section, exactly as ``PBSSettings.layer_thresholds`` / ``dense_layers`` make the integrations do.
+   on a held-out slice of the corpus at 8K (and per length bucket above it); a layer below ``--recall-floor``
+   (0.95) at the global τ gets higher τ from {0.95, …, 0.999} that reach the floor at the fewest tiles, one
+   per query head by default (``--tau-granularity``), or runs dense if none does, in every later section,
+   exactly as ``PBSSettings.layer_thresholds`` / ``length_thresholds`` / ``dense_layers`` make the
+   integrations do.
 1. **op**: attention-op latency, dense causal SDPA vs PBS (plan + sparse kernel, everything included),
    on real SmolLM2-135M Q/K/V captured from several layers at each length, plus density and
    attention-mass recall of the very plans that were timed.
@@ -47,14 +49,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from inference.pbs_attn.algorithm import attention_recall_many, make_plan
+from inference.pbs_attn.algorithm import attention_recall_many, make_plan, threshold_floor
 from inference.pbs_attn.api import CPU_DEFAULT_BACKEND, dense_causal, get_backend
-from inference.pbs_attn.config import PBSSettings
+from inference.pbs_attn.config import LayerTau, PBSSettings
 from inference.pbs_attn.synthetic import heavy_hitter_qkv
 
 TRAINED_POSITIONS = 8192
 TAUS = (0.8, 0.9, 0.95)
-CALIBRATION_TAUS = (0.95, 0.98, 0.99, 0.995)
+CALIBRATION_TAUS = (0.95, 0.98, 0.99, 0.995, 0.999)
 CAPTURE_NAME = "nextguard_pbs_capture"
 
 
@@ -173,7 +175,7 @@ def op_row(
     """Dense SDPA vs PBS (``backend``) on each captured layer; alternating order per rep, medians over reps."""
     sparse = get_backend(backend)
 
-    def pbs(q: Tensor, k: Tensor, v: Tensor, tau: float) -> tuple[Tensor, Any, float]:
+    def pbs(q: Tensor, k: Tensor, v: Tensor, tau: LayerTau) -> tuple[Tensor, Any, float]:
         _sync()
         t0 = time.perf_counter()
         plan = make_plan(
@@ -188,7 +190,7 @@ def op_row(
         return sparse(q, k, v, plan), plan, t_plan
 
     layers = sorted(qkv)
-    sparse_layers = [i for i in layers if settings.enabled and settings.threshold_for(i, n) < 1.0]
+    sparse_layers = [i for i in layers if settings.enabled and threshold_floor(settings.threshold_for(i, n)) < 1.0]
     dense_t: dict[int, list[float]] = {i: [] for i in layers}
     pbs_t: dict[int, list[float]] = {i: [] for i in layers}
     plan_t: dict[int, list[float]] = {i: [] for i in layers}
@@ -262,6 +264,43 @@ def choose_layer_threshold(
     return 1.0
 
 
+def choose_head_thresholds(
+    recall_by_tau: dict[float, list[float]], density_by_tau: dict[float, list[float]], tau: float, floor: float
+) -> LayerTau:
+    """One τ per query head so that the head-mean recall reaches ``floor`` at the fewest computed tiles.
+
+    Greedy: every head starts at the global ``tau``; while the mean is below ``floor``, raise the one head
+    whose move to a higher candidate buys the most recall per extra tile. Heads differ a lot (at 32K one
+    head of SmolLM2's layer 4 keeps 0.58 of its mass at τ 0.9 where others keep 0.83), so raising τ only
+    where mass is lost costs fewer tiles than one τ for the layer. Returns a scalar when every head ends
+    on the same τ, and 1.0 (dense) when the candidates cannot reach the floor or compute as many tiles as
+    dense attention.
+    """
+    taus = sorted(t for t in recall_by_tau if t >= tau)
+    heads = len(recall_by_tau[tau])
+    at = [0] * heads  # index into taus per head
+
+    def mean(table: dict[float, list[float]]) -> float:
+        return sum(table[taus[c]][h] for h, c in enumerate(at)) / heads
+
+    while mean(recall_by_tau) < floor:
+        best: tuple[float, int, int] | None = None
+        for h in range(heads):
+            here = taus[at[h]]
+            for c in range(at[h] + 1, len(taus)):
+                gain = recall_by_tau[taus[c]][h] - recall_by_tau[here][h]
+                cost = max(density_by_tau[taus[c]][h] - density_by_tau[here][h], 1e-9)
+                if gain > 0 and (best is None or gain / cost > best[0]):
+                    best = (gain / cost, h, c)
+        if best is None:
+            return 1.0
+        at[best[1]] = best[2]
+    if mean(density_by_tau) >= 1.0:
+        return 1.0
+    chosen = tuple(taus[c] for c in at)
+    return chosen[0] if len(set(chosen)) == 1 else chosen
+
+
 def calibrate_section(
     settings: PBSSettings,
     n: int,
@@ -269,11 +308,14 @@ def calibrate_section(
     offset: int,
     candidates: tuple[float, ...] = CALIBRATION_TAUS,
     layers: list[int] | None = None,
+    per_head: bool = True,
 ) -> dict[str, Any]:
     """Per-layer attention-mass recall on *calibration* text (a corpus slice the timed rows never see).
-    A layer whose head-mean recall at the global τ falls below ``floor`` gets the smallest candidate τ that
-    reaches it (``layer_thresholds``), or runs dense (``dense_layers``) when none does. ``layers`` limits
-    the calibration to some layers (default: all)."""
+    A layer whose head-mean recall at the global τ falls below ``floor`` gets higher candidate τ that reach
+    it at the fewest tiles: one per query head (``per_head``, :func:`choose_head_thresholds`) unless one τ
+    for the layer is as cheap, else the smallest single τ (:func:`choose_layer_threshold`)
+    (``layer_thresholds``), or runs dense (``dense_layers``) when none does. ``layers`` limits the
+    calibration to some layers (default: all)."""
     model, tok = load_smollm2(n)
     n_layers = model.config.num_hidden_layers
     layers = list(range(n_layers)) if layers is None else sorted(layers)
@@ -281,6 +323,13 @@ def calibrate_section(
     del model
     taus = sorted({settings.threshold, *(t for t in candidates if t > settings.threshold)})
     per_layer: dict[int, dict[str, Any]] = {}
+
+    def at(table: dict[float, list[float]], tau: LayerTau) -> float:
+        # head-mean of a per-head table under a scalar or per-head τ; dense (1.0) computes and keeps everything
+        heads = len(table[taus[0]])
+        per = [tau] * heads if isinstance(tau, float) else list(tau)
+        return sum(1.0 if t >= 1.0 else table[t][h] for h, t in enumerate(per)) / heads
+
     with torch.no_grad():
         for i in layers:
             q, k, _ = qkv.pop(i)
@@ -296,24 +345,33 @@ def calibrate_section(
                 for t in taus
             ]
             recs = attention_recall_many(q, k, plans)
+            head_recall = {t: [round(x, 4) for x in r.mean(0).tolist()] for t, r in zip(taus, recs, strict=True)}
+            head_density = {
+                t: [round(x, 4) for x in p.density().mean(0).tolist()] for t, p in zip(taus, plans, strict=True)
+            }
             recall = {t: round(r.mean().item(), 4) for t, r in zip(taus, recs, strict=True)}
             density = {t: round(p.density().mean().item(), 4) for t, p in zip(taus, plans, strict=True)}
-            chosen = choose_layer_threshold(recall, density, settings.threshold, floor)
+            chosen: LayerTau = choose_layer_threshold(recall, density, settings.threshold, floor)
+            if per_head:
+                heads_tau = choose_head_thresholds(head_recall, head_density, settings.threshold, floor)
+                if at(head_density, heads_tau) < at(head_density, chosen):
+                    chosen = heads_tau
             per_layer[i] = {
                 "recall": recall[settings.threshold],
                 "min_head_recall": round(recs[0].min().item(), 4),
                 "density": density[settings.threshold],
                 "recall_by_tau": {str(t): v for t, v in recall.items()},
                 "density_by_tau": {str(t): v for t, v in density.items()},
+                "head_recall_by_tau": {str(t): v for t, v in head_recall.items()},
+                "head_density_by_tau": {str(t): v for t, v in head_density.items()},
                 "chosen_tau": chosen,
+                "chosen_recall": round(at(head_recall, chosen), 4),
+                "chosen_density": round(at(head_density, chosen), 4),
             }
-    dense = [i for i, r in per_layer.items() if r["chosen_tau"] >= 1.0]
-    overrides = {i: r["chosen_tau"] for i, r in per_layer.items() if settings.threshold < r["chosen_tau"] < 1.0}
-
-    def policy(key: str, i: int) -> float:
-        t = per_layer[i]["chosen_tau"]
-        return 1.0 if t >= 1.0 else float(per_layer[i][f"{key}_by_tau"][str(t)])
-
+    dense = [i for i, r in per_layer.items() if r["chosen_tau"] == 1.0]
+    overrides = {
+        i: r["chosen_tau"] for i, r in per_layer.items() if r["chosen_tau"] not in (1.0, settings.threshold)
+    }
     n_cal = len(per_layer)
     out = {
         "len": n,
@@ -321,12 +379,13 @@ def calibrate_section(
         "corpus_offset": offset,
         "recall_floor": floor,
         "candidate_taus": taus,
+        "per_head": per_head,
         "dense_layers": dense,
         "layer_thresholds": overrides,
         "per_layer": per_layer,
         # What the calibrated policy gives over the calibrated layers on the calibration text (dense: 1, 1).
-        "all_layers_recall": round(sum(policy("recall", i) for i in per_layer) / n_cal, 4),
-        "all_layers_density": round(sum(policy("density", i) for i in per_layer) / n_cal, 4),
+        "all_layers_recall": round(sum(r["chosen_recall"] for r in per_layer.values()) / n_cal, 4),
+        "all_layers_density": round(sum(r["chosen_density"] for r in per_layer.values()) / n_cal, 4),
         "all_layers_recall_global_tau": round(sum(r["recall"] for r in per_layer.values()) / n_cal, 4),
         "all_layers_density_global_tau": round(sum(r["density"] for r in per_layer.values()) / n_cal, 4),
     }
@@ -579,9 +638,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--layer-thresholds",
         default="",
-        help="per-layer τ overrides such as '3:0.98,4:0.98' (use with --dense-layers none to skip calibration)",
+        help="per-layer τ overrides such as '3:0.98,4:0.98', or JSON with per-head lists "
+        "(use with --dense-layers none to skip calibration)",
     )
     ap.add_argument("--recall-floor", type=float, default=0.95, help="per-layer recall floor for 'auto'")
+    ap.add_argument(
+        "--tau-granularity",
+        choices=["head", "layer"],
+        default="head",
+        help="calibrated τ overrides: one per query head where that needs fewer tiles (default), or one per layer",
+    )
     ap.add_argument("--calibration-len", type=int, default=8192)
     ap.add_argument(
         "--length-buckets",
@@ -615,7 +681,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.dense_layers == "auto":
         # Calibrate on text after every slice the measured rows use, so the timed recall is held out.
         offset = max([*lengths, *args.e2e_lengths, args.curve_len])
-        calibration = calibrate_section(settings, args.calibration_len, args.recall_floor, offset)
+        per_head = args.tau_granularity == "head"
+        calibration = calibrate_section(
+            settings, args.calibration_len, args.recall_floor, offset, per_head=per_head
+        )
         settings = PBSSettings(
             attention="pbs",
             threshold=args.threshold,
@@ -634,12 +703,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         blayers = args.layers if (args.bucket_layers or ("timed" if args.quick else "all")) == "timed" else None
         plain = PBSSettings(attention="pbs", threshold=args.threshold, min_len=0)
-        buckets: dict[int, dict[int, float]] = {}
+        buckets: dict[int, dict[int, LayerTau]] = {}
         for bn in sorted(set(blens)):
             # attention spreads differently at longer contexts (here also under RoPE interpolation): the 8K
             # policy need not hold at 32K, so each length gets its own τ per calibrated layer
-            cal = calibrate_section(plain, bn, args.recall_floor, offset, layers=blayers)
-            buckets[bn] = {int(i): float(r["chosen_tau"]) for i, r in cal["per_layer"].items()}
+            cal = calibrate_section(
+                plain, bn, args.recall_floor, offset, layers=blayers, per_head=args.tau_granularity == "head"
+            )
+            buckets[bn] = {int(i): r["chosen_tau"] for i, r in cal["per_layer"].items()}
             bucket_reports.append(cal)
         settings = settings.model_copy(update={"length_thresholds": buckets})
     if args.layer_thresholds:

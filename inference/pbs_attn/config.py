@@ -6,6 +6,18 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# A layer's τ: one for all its query heads, or one per query head (a head at 1.0 selects every block).
+LayerTau = float | tuple[float, ...]
+
+
+def _bad_tau(tau: LayerTau) -> bool:
+    taus = (tau,) if isinstance(tau, int | float) else tau
+    return not taus or not all(0.0 < t <= 1.0 for t in taus)
+
+
+def _tau_floor(tau: LayerTau) -> float:
+    return float(tau) if isinstance(tau, int | float) else min(tau)
+
 
 class PBSSettings(BaseModel):
     """How prefill attention runs (``NEXTGUARD_INFERENCE__PBS__*`` once nested)."""
@@ -49,15 +61,16 @@ class PBSSettings(BaseModel):
             )
         return self
 
-    layer_thresholds: dict[int, float] = Field(
+    layer_thresholds: dict[int, LayerTau] = Field(
         default_factory=dict,
         description=(
-            "Per-layer τ overrides (layer index -> τ in (0, 1]; 1.0 = dense), for layers whose recall at the "
-            "global τ falls below the floor; the benchmark's calibration writes them."
+            "Per-layer τ overrides (layer index -> τ in (0, 1], or a list with one τ per query head; 1.0 = "
+            "dense), for layers whose recall at the global τ falls below the floor; the benchmark's "
+            "calibration writes them."
         ),
     )
 
-    length_thresholds: dict[int, dict[int, float]] = Field(
+    length_thresholds: dict[int, dict[int, LayerTau]] = Field(
         default_factory=dict,
         description=(
             "Per-length τ overrides {min_tokens: {layer: τ}}: a prefill of N tokens applies, on top of "
@@ -80,7 +93,11 @@ class PBSSettings(BaseModel):
     @field_validator("layer_thresholds", mode="before")
     @classmethod
     def _thresholds_from_text(cls, v: object) -> object:
-        # env form: "4:0.98,7:1.0" (a JSON object also works through pydantic-settings)
+        # env form: "4:0.98,7:1.0", or a JSON object (needed for per-head lists: '{"4": [0.99, 0.98, ...]}')
+        if isinstance(v, str) and "[" in v:
+            import json
+
+            return json.loads(v)
         if isinstance(v, str):
             text = v.strip().strip("{}")
             pairs = [x.split(":") for x in text.replace(" ", "").replace('"', "").split(",") if x]
@@ -100,11 +117,11 @@ class PBSSettings(BaseModel):
     def _layers_non_negative(self) -> Self:
         if any(i < 0 for i in self.dense_layers):
             raise ValueError(f"dense_layers must be layer indices >= 0, got {self.dense_layers}")
-        bad = {i: t for i, t in self.layer_thresholds.items() if i < 0 or not 0.0 < t <= 1.0}
+        bad = {i: t for i, t in self.layer_thresholds.items() if i < 0 or _bad_tau(t)}
         if bad:
             raise ValueError(f"layer_thresholds needs layer >= 0 and 0 < τ <= 1, got {bad}")
         bad_len = {
-            n: {i: t for i, t in b.items() if i < 0 or not 0.0 < t <= 1.0}
+            n: {i: t for i, t in b.items() if i < 0 or _bad_tau(t)}
             for n, b in self.length_thresholds.items()
         }
         bad_len = {n: b for n, b in bad_len.items() if b or n < 0}
@@ -116,10 +133,10 @@ class PBSSettings(BaseModel):
     def enabled(self) -> bool:
         return self.attention == "pbs"
 
-    def threshold_for(self, layer_idx: int | None, n: int | None = None) -> float:
+    def threshold_for(self, layer_idx: int | None, n: int | None = None) -> LayerTau:
         """τ for this layer at prefill length ``n``: 1.0 (dense) for an opted-out layer, else the override of
         the length bucket for ``n`` (largest ``min_tokens <= n``), else its layer override, else the global τ.
-        ``n=None`` ignores the length buckets."""
+        ``n=None`` ignores the length buckets. A tuple is one τ per query head."""
         if layer_idx is None:
             return self.threshold
         if layer_idx in self.dense_layers:
@@ -139,4 +156,4 @@ class PBSSettings(BaseModel):
             return False
         taus = [self.threshold_for(layer_idx)]
         taus += [b[layer_idx] for b in self.length_thresholds.values() if layer_idx is not None and layer_idx in b]
-        return min(taus) < 1.0
+        return min(_tau_floor(t) for t in taus) < 1.0

@@ -35,7 +35,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from inference.pbs_attn.config import PBSSettings
+from inference.pbs_attn.config import LayerTau, PBSSettings
 
 ENV_PREFIX = "NEXTGUARD_INFERENCE__PBS__"
 CLASS_PATH = "inference.pbs_attn.vllm_backend.PBSFlashAttentionBackend"
@@ -53,6 +53,19 @@ def layer_index(layer_name: str) -> int | None:
     """Decoder layer index from a vLLM attention layer name (``model.layers.4.self_attn.attn`` -> 4)."""
     m = _LAYER_INDEX.search(layer_name)
     return int(m.group(1)) if m else None
+
+
+def shard_threshold(tau: LayerTau, local_heads: int, tp_rank: int) -> LayerTau:
+    """This worker's part of a per-head τ. Settings name every query head of the model; under tensor
+    parallelism a worker holds heads ``[rank * local_heads, (rank + 1) * local_heads)``."""
+    if isinstance(tau, int | float) or len(tau) == local_heads:
+        return tau
+    if len(tau) % local_heads or not 0 <= tp_rank < len(tau) // local_heads:
+        raise ValueError(
+            f"per-head τ has {len(tau)} entries; this worker (tensor-parallel rank {tp_rank}) holds "
+            f"{local_heads} query heads, so the setting must name {local_heads} x tensor-parallel size heads"
+        )
+    return tuple(tau[tp_rank * local_heads : (tp_rank + 1) * local_heads])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +145,7 @@ def register() -> None:
 
 def _build_classes() -> dict[str, type]:
     import torch
+    from vllm.distributed import get_tensor_model_parallel_rank
     from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend, FlashAttentionImpl
 
     from inference.pbs_attn.api import pbs_attention
@@ -198,7 +212,9 @@ def _build_classes() -> dict[str, type]:
                     q,
                     k,
                     v,
-                    threshold=settings.threshold_for(layer_idx, e - s),
+                    threshold=shard_threshold(
+                        settings.threshold_for(layer_idx, e - s), self.num_heads, get_tensor_model_parallel_rank()
+                    ),
                     segment_size=settings.segment_size,
                     block_size=settings.block_size,
                     gqa=settings.gqa,

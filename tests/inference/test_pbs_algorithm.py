@@ -236,3 +236,31 @@ def test_recall_matches_fp64_mass_on_the_token_key_set(n: int, gqa: str) -> None
         torch.testing.assert_close(rec, want, atol=1e-5, rtol=0)
     if n > 4 * S:           # enough off-diagonal segments for τ to matter: the check can fail
         assert got[0].mean() < got[2].mean() < 1.0
+
+
+def test_per_head_threshold_selects_what_each_heads_scalar_tau_selects() -> None:
+    q, k, v = heavy_hitter_qkv(2, 4, 2, 1025, 64, seed=21)
+    taus = [0.5, 0.9, 0.99, 1.0]
+    plan = make_plan(q, k, threshold=taus)
+    for h, tau in enumerate(taus):
+        alone = make_plan(q, k, threshold=tau)
+        assert torch.equal(plan.block_mask[:, h], alone.block_mask[:, h]), f"head {h} (τ {tau})"
+    # heads really differ, and the τ = 1.0 head takes every candidate block
+    density = plan.density()
+    assert (density[:, 0] < density[:, 2]).all()
+    assert torch.equal(plan.block_mask[:, 3], _all_candidates(plan).expand_as(plan.block_mask[:, 3]))
+    # the public function runs it sparse (some heads below 1) and matches the fp64 oracle on that plan
+    out = pbs_attention(q.double(), k.double(), v.double(), threshold=taus)
+    torch.testing.assert_close(out, pbs_reference(q.double(), k.double(), v.double(), plan), atol=1e-12, rtol=0)
+
+
+def test_per_head_threshold_is_validated_and_all_ones_is_dense() -> None:
+    q, k, v = heavy_hitter_qkv(1, 4, 2, 600, 64, seed=22)
+    with pytest.raises(ValueError, match="one τ per query head"):
+        make_plan(q, k, threshold=[0.9, 0.9])
+    with pytest.raises(ValueError, match="> 0"):
+        make_plan(q, k, threshold=[0.9, 0.0, 0.9, 0.9])
+    assert use_dense(4096, threshold=(1.0, 1.0), segment_size=S, min_len=0)
+    assert not use_dense(4096, threshold=(1.0, 0.99), segment_size=S, min_len=0)
+    dense = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert torch.equal(pbs_attention(q, k, v, threshold=[1.0] * 4), dense)

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from inference.pbs_attn.bench import TAUS, _curve, _mean_curves, choose_layer_threshold, op_row, plot
+from inference.pbs_attn.bench import (
+    TAUS,
+    _curve,
+    _mean_curves,
+    choose_head_thresholds,
+    choose_layer_threshold,
+    op_row,
+    plot,
+)
 from inference.pbs_attn.config import PBSSettings
 from inference.pbs_attn.synthetic import heavy_hitter_qkv
 
@@ -56,6 +64,31 @@ def test_calibration_picks_the_smallest_tau_reaching_the_floor() -> None:
     assert choose_layer_threshold(rec, dens, 0.9, 0.99) == 1.0  # nothing reaches it: dense
     # a candidate that computes every tile anyway is no better than dense
     assert choose_layer_threshold(rec, {**dens, 0.98: 1.0, 0.99: 1.0}, 0.9, 0.955) == 1.0
+
+
+def test_per_head_calibration_raises_only_the_heads_that_lose_mass() -> None:
+    # head 1 loses mass at τ 0.9; raising it alone reaches the floor at fewer tiles than raising every head
+    rec = {0.9: [0.97, 0.85, 0.97], 0.98: [0.99, 0.93, 0.99], 0.99: [0.995, 0.96, 0.995]}
+    dens = {0.9: [0.3, 0.3, 0.3], 0.98: [0.5, 0.5, 0.5], 0.99: [0.6, 0.6, 0.6]}
+    assert choose_head_thresholds(rec, dens, 0.9, 0.95) == (0.9, 0.98, 0.9)
+    assert choose_head_thresholds(rec, dens, 0.9, 0.96) == (0.9, 0.99, 0.9)
+    assert choose_head_thresholds(rec, dens, 0.9, 0.90) == 0.9  # floor met: the global τ, as a scalar
+    # all heads raised to the same τ collapse to a scalar; an unreachable floor means dense
+    assert choose_head_thresholds(rec, dens, 0.9, 0.983) == 0.99
+    assert choose_head_thresholds(rec, dens, 0.9, 0.999) == 1.0
+    # per extra tile: a cheap head with a small gain beats an expensive head with a larger one
+    rec2 = {0.9: [0.90, 0.90], 0.98: [0.95, 0.97]}
+    dens2 = {0.9: [0.2, 0.2], 0.98: [0.25, 0.9]}
+    assert choose_head_thresholds(rec2, dens2, 0.9, 0.92) == (0.98, 0.9)
+
+
+def test_op_row_runs_a_per_head_tau() -> None:
+    qkv = {2: heavy_hitter_qkv(1, 4, 2, 1025, 64, seed=3)}
+    s = PBSSettings(attention="pbs", min_len=0, threshold=0.5, layer_thresholds={2: (0.5, 0.5, 0.99, 1.0)})
+    row = op_row(1025, qkv, s, reps=1)
+    assert row["per_layer"][2]["path"] == "pbs tau=(0.5, 0.5, 0.99, 1.0)"
+    low = op_row(1025, qkv, s.model_copy(update={"layer_thresholds": {}}), reps=1)
+    assert row["recall"] > low["recall"] and row["density"] > low["density"]
 
 
 def test_op_row_uses_the_layer_tau_override() -> None:

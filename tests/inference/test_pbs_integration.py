@@ -149,6 +149,33 @@ def test_length_thresholds_apply_the_bucket_of_the_prefill_length() -> None:
         PBSSettings(length_thresholds={16384: {4: 1.5}})
 
 
+def test_per_head_thresholds_parse_validate_and_enable() -> None:
+    s = PBSSettings(
+        attention="pbs",
+        layer_thresholds='{"4": [0.99, 0.9, 1.0]}',  # type: ignore[arg-type]
+        length_thresholds='{"32768": {"4": [0.995, 0.98, 0.9], "6": [1.0, 1.0, 1.0]}}',  # type: ignore[arg-type]
+    )
+    assert s.layer_thresholds == {4: (0.99, 0.9, 1.0)}
+    assert s.threshold_for(4) == (0.99, 0.9, 1.0) and s.threshold_for(4, 40000) == (0.995, 0.98, 0.9)
+    assert s.layer_enabled(4) and s.layer_enabled(6)  # layer 6 is dense only from 32K, sparse below
+    assert not PBSSettings(attention="pbs", layer_thresholds={6: (1.0, 1.0)}).layer_enabled(6)
+    for bad in ({4: (0.9, 1.5)}, {4: ()}):
+        with pytest.raises(ValidationError, match="layer_thresholds"):
+            PBSSettings(layer_thresholds=bad)
+
+
+def test_hf_attention_runs_a_per_head_tau() -> None:
+    from inference.pbs_attn.hf import register_hf_attention
+
+    # _tiny_llama has 4 query heads; a per-head τ with one head below 1.0 keeps PBS on
+    name = register_hf_attention(
+        PBSSettings(attention="pbs", min_len=0, layer_thresholds={1: (1.0, 0.5, 1.0, 1.0), 0: (1.0,) * 4}),
+        name="pbs_test_per_head",
+    )
+    model = _tiny_llama(name)
+    assert _paths(model, 700) == (1, 1)
+
+
 def test_hf_attention_uses_the_length_bucket_tau() -> None:
     from inference.pbs_attn.hf import register_hf_attention
 
@@ -197,6 +224,20 @@ def test_vllm_layer_index_from_layer_name() -> None:
     assert layer_index("language_model.model.layers.17.self_attn.attn") == 17
     assert layer_index("layers.0.attn") == 0
     assert layer_index("model.sublayers_x.attn") is None and layer_index("") is None
+
+
+def test_vllm_worker_takes_its_tensor_parallel_share_of_a_per_head_tau() -> None:
+    from inference.pbs_attn.vllm_backend import shard_threshold
+
+    tau = (0.9, 0.95, 0.98, 0.99)
+    assert shard_threshold(0.9, 2, 1) == 0.9
+    assert shard_threshold(tau, 4, 0) == tau
+    assert shard_threshold(tau, 2, 0) == (0.9, 0.95) and shard_threshold(tau, 2, 1) == (0.98, 0.99)
+    assert shard_threshold(tau, 1, 3) == (0.99,)
+    with pytest.raises(ValueError, match="tensor-parallel"):
+        shard_threshold(tau, 3, 0)
+    with pytest.raises(ValueError, match="tensor-parallel"):
+        shard_threshold(tau, 2, 2)
 
 
 def test_vllm_split_requests_fresh_long_prefills_only() -> None:
@@ -272,3 +313,5 @@ def test_root_settings_read_the_layer_policy_from_json_env(monkeypatch: pytest.M
     pbs = Settings().inference.pbs
     assert pbs.layer_thresholds == {3: 0.98} and pbs.dense_layers == (0, 4)
     assert pbs.length_thresholds == {32768: {4: 0.99}}
+    monkeypatch.setenv("NEXTGUARD_INFERENCE__PBS__LAYER_THRESHOLDS", '{"3": [0.98, 0.9, 0.9]}')
+    assert Settings().inference.pbs.layer_thresholds == {3: (0.98, 0.9, 0.9)}
