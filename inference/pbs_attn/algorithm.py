@@ -31,11 +31,6 @@ GQAMode = Literal["shared", "replicated"]
 Threshold = float | Sequence[float]
 
 
-def threshold_floor(threshold: Threshold) -> float:
-    """The smallest τ of a scalar or per-head threshold (>= 1 everywhere means dense)."""
-    return float(threshold) if isinstance(threshold, int | float) else min(float(t) for t in threshold)
-
-
 def _threshold_for_heads(threshold: Threshold, q_heads: int, device: torch.device) -> float | Tensor:
     """A scalar τ as is; a per-head τ as a (q_heads, 1, 1) fp32 tensor that broadcasts over (b, h, T, T).
 

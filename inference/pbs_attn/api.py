@@ -10,7 +10,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from inference.pbs_attn.algorithm import GQAMode, PBSPlan, Threshold, make_plan, threshold_floor
+from inference.pbs_attn.algorithm import GQAMode, PBSPlan, Threshold, make_plan
+from inference.pbs_attn.config import tau_floor
 
 Backend = Literal["auto", "gather", "flex", "triton", "reference"]
 
@@ -61,7 +62,7 @@ def use_dense(n: int, *, threshold: Threshold, segment_size: int, min_len: int) 
     length gate, or when it fits in one segment (then every key is in the diagonal segment anyway). A
     per-head τ with some heads at 1.0 stays sparse: those heads select every candidate block.
     """
-    return threshold_floor(threshold) >= 1.0 or n < min_len or n <= segment_size
+    return tau_floor(threshold) >= 1.0 or n < min_len or n <= segment_size
 
 
 def dense_causal(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None) -> Tensor:

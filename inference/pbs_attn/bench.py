@@ -49,9 +49,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from inference.pbs_attn.algorithm import attention_recall_many, make_plan, threshold_floor
+from inference.pbs_attn.algorithm import attention_recall_many, make_plan
 from inference.pbs_attn.api import CPU_DEFAULT_BACKEND, dense_causal, get_backend
-from inference.pbs_attn.config import LayerTau, PBSSettings
+from inference.pbs_attn.config import LayerTau, PBSSettings, tau_floor
 from inference.pbs_attn.synthetic import heavy_hitter_qkv
 
 TRAINED_POSITIONS = 8192
@@ -190,7 +190,7 @@ def op_row(
         return sparse(q, k, v, plan), plan, t_plan
 
     layers = sorted(qkv)
-    sparse_layers = [i for i in layers if settings.enabled and threshold_floor(settings.threshold_for(i, n)) < 1.0]
+    sparse_layers = [i for i in layers if settings.enabled and tau_floor(settings.threshold_for(i, n)) < 1.0]
     dense_t: dict[int, list[float]] = {i: [] for i in layers}
     pbs_t: dict[int, list[float]] = {i: [] for i in layers}
     plan_t: dict[int, list[float]] = {i: [] for i in layers}
@@ -678,10 +678,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = PBSSettings(attention="pbs", threshold=args.threshold, min_len=0)
     lengths = args.lengths or ([16384, 32768] if args.quick else [4096, 8192, 16384, 32768])
     calibration: dict[str, Any] | None = None
+    per_head = args.tau_granularity == "head"
     if args.dense_layers == "auto":
         # Calibrate on text after every slice the measured rows use, so the timed recall is held out.
         offset = max([*lengths, *args.e2e_lengths, args.curve_len])
-        per_head = args.tau_granularity == "head"
         calibration = calibrate_section(
             settings, args.calibration_len, args.recall_floor, offset, per_head=per_head
         )
@@ -708,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
             # attention spreads differently at longer contexts (here also under RoPE interpolation): the 8K
             # policy need not hold at 32K, so each length gets its own τ per calibrated layer
             cal = calibrate_section(
-                plain, bn, args.recall_floor, offset, layers=blayers, per_head=args.tau_granularity == "head"
+                plain, bn, args.recall_floor, offset, layers=blayers, per_head=per_head
             )
             buckets[bn] = {int(i): r["chosen_tau"] for i, r in cal["per_layer"].items()}
             bucket_reports.append(cal)

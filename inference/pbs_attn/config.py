@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -15,8 +16,9 @@ def _bad_tau(tau: LayerTau) -> bool:
     return not taus or not all(0.0 < t <= 1.0 for t in taus)
 
 
-def _tau_floor(tau: LayerTau) -> float:
-    return float(tau) if isinstance(tau, int | float) else min(tau)
+def tau_floor(tau: float | Sequence[float]) -> float:
+    """The smallest τ of a scalar or per-head τ (>= 1 on every head means dense)."""
+    return float(tau) if isinstance(tau, int | float) else min(float(t) for t in tau)
 
 
 class PBSSettings(BaseModel):
@@ -156,4 +158,4 @@ class PBSSettings(BaseModel):
             return False
         taus = [self.threshold_for(layer_idx)]
         taus += [b[layer_idx] for b in self.length_thresholds.values() if layer_idx is not None and layer_idx in b]
-        return min(_tau_floor(t) for t in taus) < 1.0
+        return min(tau_floor(t) for t in taus) < 1.0
