@@ -84,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
         mod.add_subcommands(*(sub, bench_sub)[:n_params])
         if hasattr(mod, "add_bench_subcommands"):
             mod.add_bench_subcommands(bench_sub)
+        if name == "guard.cli":
+            from gateway.guard_eval import eval_extension
+
+            if eval_extension not in mod.EVAL_EXTENSIONS:
+                mod.EVAL_EXTENSIONS.append(eval_extension)
     return parser
 
 

@@ -319,8 +319,18 @@ class ModerationResponse(OpenAIBaseModel):
 # ---------------------------------------------------------------------------------------------
 # --- nextguard extensions: guard scoring (not part of the OpenAI API) ---
 class GuardScoreRequest(OpenAIBaseModel):
-    prompt: str = Field(min_length=1)
+    """Score a prompt (a single user turn) or a whole conversation (``messages``, as in chat completions),
+    and optionally a response to it, exactly as the stream's guard reads them."""
+
+    prompt: str | None = Field(default=None, min_length=1)
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     response: str | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> GuardScoreRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' and 'messages'")
+        return self
 
 
 class GuardCut(OpenAIBaseModel):

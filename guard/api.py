@@ -13,6 +13,7 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from guard.text import Conversation
 from inference.types import TokenDelta
 
 
@@ -87,12 +88,12 @@ class StreamGuard(Protocol):
     @property
     def name(self) -> str: ...
 
-    async def check_prompt(self, prompt_text: str, policy: GuardPolicy) -> SafetyCut | None:
-        """Prompt gate: a cut here means HTTP 400 ``content_filter`` before generation starts."""
+    async def check_prompt(self, conversation: Conversation, policy: GuardPolicy) -> SafetyCut | None:
+        """Prompt gate over every turn of the conversation: a cut means HTTP 400 ``content_filter``."""
         ...
 
     def watch(
-        self, prompt_text: str, deltas: AsyncIterator[TokenDelta], policy: GuardPolicy
+        self, conversation: Conversation, deltas: AsyncIterator[TokenDelta], policy: GuardPolicy
     ) -> AsyncIterator[TokenDelta | SafetyCut]:
         """Response gate for one choice: yield scored deltas, then at most one cut (last item).
         Released deltas carry their tokens' scores in ``TokenDelta.scores``."""

@@ -6,7 +6,8 @@
    ``model(..., past_key_values)`` step is reported as a second reference.
 2. Streaming throughput with N concurrent streams: a batched greedy generator (the base model,
    its own background loop and thread, outputs buffered per stream like vLLM's AsyncLLM) read
-   directly (unguarded) or through :meth:`NextGuard.watch` (guarded, hold-back 1), in the same run.
+   directly (unguarded) or through :meth:`NextGuard.watch` (guarded, hold-back 1, the text re-tokenised
+   as in serving), in the same run.
 
 The generator here is an in-process transformers loop, not vLLM: it makes the ratio about the guard
 alone on this machine. The JSON line printed last carries both ratios.
@@ -27,6 +28,7 @@ from guard.api import GuardPolicy, SafetyCut
 from guard.bundle import MonitorSpec, load_model_for, read_manifest, resolve_base_model
 from guard.config import GuardSettings
 from guard.monitor import StreamScorer
+from guard.text import response_context, user
 from inference.types import TokenDelta
 
 PROMPTS = (
@@ -64,7 +66,7 @@ class _LMStep:
         outs = self.r.step(batch)
         last = torch.stack([o[-1] for o in outs])
         with torch.inference_mode():
-            logits = self.head(self.norm(last))
+            logits = self.head(self.norm(last.to(self.head.weight.dtype)))
         # one list per slot, like the residual rows GuardEngine slices per job
         return [[int(i)] for i in logits.argmax(-1)]
 
@@ -73,7 +75,7 @@ class BatchedGenerator:
     """Greedy generation for many streams, one batched step per iteration, in a background task."""
 
     def __init__(self, model: Any, tok: Any, max_slots: int = 16) -> None:
-        from guard.service import GuardEngine
+        from guard.batching import GuardEngine
 
         self.tok = tok
         self.lm = _LMStep(model, max_slots)
@@ -129,7 +131,7 @@ def per_token_cost(model: Any, tok: Any, layer: int, spec: MonitorSpec, n_tokens
 
     from guard.runner import SlotRunner
 
-    prompt = tok("User: " + PROMPTS[0] + "\nAssistant:", add_special_tokens=False)["input_ids"]
+    prompt = tok(response_context(user(PROMPTS[0])), add_special_tokens=False)["input_ids"]
     ids = tok(" Once upon a time, " * 40, add_special_tokens=False)["input_ids"][:n_tokens]
     mon = SlotRunner(model, layer, max_slots=1, init_len=1024)
     full = SlotRunner(model, int(model.config.num_hidden_layers) - 1, max_slots=1, init_len=1024)
@@ -154,7 +156,7 @@ def per_token_cost(model: Any, tok: Any, layer: int, spec: MonitorSpec, n_tokens
         for i in ids:
             r = full.step([(s, [i])])[0]
             with torch.inference_mode():
-                model.lm_head(model.model.norm(r))
+                model.lm_head(model.model.norm(r.to(model.lm_head.weight.dtype)))
         dt = time.perf_counter() - t
         full.free(s)
         return dt / len(ids)
@@ -191,12 +193,12 @@ async def _streams(gen: BatchedGenerator, tok: Any, n: int, max_tokens: int, gua
         if getattr(tok, "chat_template", None):
             text = tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
         else:       # small test tokenizers have no chat template
-            text = "User: " + p + "\nAssistant:"
+            text = response_context(user(p)) + " "
         ids = tok(text, add_special_tokens=False)["input_ids"]
         src = gen.generate(list(ids), max_tokens, f"b{i}")
         # score every token with hold-back 1 but never cut, so guarded and unguarded streams have the
         # same length and the ratio measures the guard's cost, not its decisions
-        it = guard.watch(p, src, GuardPolicy(hold_back=1, response_threshold=float("inf"))) if guard is not None else src
+        it = guard.watch(user(p), src, GuardPolicy(hold_back=1, response_threshold=float("inf"))) if guard is not None else src
         n_tok, cut = 0, False
         async for d in it:
             if isinstance(d, SafetyCut):
@@ -226,26 +228,24 @@ def run_bench(artifacts: str | Path, base_model: str | None = None, streams: int
     spec = MonitorSpec.load(artifacts / "monitors" / monitored, monitored)
     cost = per_token_cost(model, tok, layer, spec, n_tokens=cost_tokens)
 
-    gen_model, gen_tok = load_guard_model(resolve_base_model(base_model or read_manifest(artifacts)["base_model"]))
+    man = read_manifest(artifacts)
+    # the generator runs in the served engine's precision (vLLM's "auto" is the checkpoint's bf16 here)
+    gen_model, gen_tok = load_guard_model(resolve_base_model(base_model or man["base_model"]), dtype=man.get("dtype", "float32"))
 
     async def main() -> dict[str, Any]:
         gen = BatchedGenerator(gen_model, gen_tok, max_slots=max(16, streams))
         settings = GuardSettings(enabled=True, artifacts_dir=artifacts, monitored=monitored,  # type: ignore[arg-type]
                                  max_batch=max(16, streams))
-        g_ids = NextGuard(settings, model=model, tokenizer=tok, layer=layer, spec=spec).load()
-        g_ids.set_generator_tokenizer(gen_tok)
-        g_re = NextGuard(settings, model=model, tokenizer=tok, layer=layer, spec=spec).load()
+        guard = NextGuard(settings, model=model, tokenizer=tok, layer=layer, spec=spec).load()
         await _streams(gen, gen_tok, streams, 8, None)            # warm-up
-        runs: dict[str, list[dict[str, Any]]] = {"unguarded": [], "guarded_ids": [], "guarded_retokenize": []}
-        for _ in range(rounds):     # interleaved, so background load hits every variant alike
+        await _streams(gen, gen_tok, streams, 8, guard)
+        runs: dict[str, list[dict[str, Any]]] = {"unguarded": [], "guarded": []}
+        for _ in range(rounds):     # interleaved, so background load hits both alike
             runs["unguarded"].append(await _streams(gen, gen_tok, streams, tokens, None))
-            runs["guarded_ids"].append(await _streams(gen, gen_tok, streams, tokens, g_ids))
-            runs["guarded_retokenize"].append(await _streams(gen, gen_tok, streams, tokens, g_re))
-        steps = {"guard_steps": g_ids.engine.steps + g_re.engine.steps,
-                 "guard_rows": g_ids.engine.batched_rows + g_re.engine.batched_rows}
+            runs["guarded"].append(await _streams(gen, gen_tok, streams, tokens, guard))
+        steps = {"guard_steps": guard.engine.steps, "guard_rows": guard.engine.batched_rows}
         await gen.close()
-        await g_ids.aclose()
-        await g_re.aclose()
+        await guard.aclose()
         return {"rounds": runs, **steps}
 
     thr = asyncio.run(main())
@@ -261,12 +261,10 @@ def run_bench(artifacts: str | Path, base_model: str | None = None, streams: int
         "bench": "guard", "monitored": monitored, "streams": streams, "max_tokens": tokens,
         "per_token": cost,
         "throughput_tok_s": best,
-        "throughput_ratio_ids": paired("guarded_ids"),
-        "throughput_ratio_retokenize": paired("guarded_retokenize"),
-        "throughput_ratio_of_bests": {"ids": best["guarded_ids"] / best["unguarded"],
-                                      "retokenize": best["guarded_retokenize"] / best["unguarded"]},
+        "throughput_ratio": paired("guarded"),
+        "throughput_ratio_of_bests": best["guarded"] / best["unguarded"],
         "mean_streams_per_guard_step": thr["guard_rows"] / max(thr["guard_steps"], 1),
-        "cost_ratio": cost["ratio"], "cost_target": 0.55, "throughput_target": 0.75,
+        "cost_ratio": cost["ratio"], "cost_target": 0.5, "throughput_target": 0.85,
         "rounds": thr["rounds"], "torch_threads": torch.get_num_threads(),
         "guard_policy": "hold_back=1, every token scored, threshold +inf (no cuts: equal stream lengths)",
         "generator": "in-process batched greedy transformers loop (SlotRunner, full depth), not vLLM",

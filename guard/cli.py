@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from guard.build import DEFAULT_ARTIFACTS, PRESETS
+from guard.build.pipeline import DEFAULT_ARTIFACTS, PRESETS
 
 
 def _parse_overrides(items: list[str] | None) -> dict[str, Any]:
@@ -21,44 +22,66 @@ def _parse_overrides(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def _build(args: argparse.Namespace) -> int:
-    from guard.build import build
+def _apply(cfg: Any, overrides: dict[str, Any]) -> Any:
+    """Overrides with dotted keys into the nested build config (``head.window=32``, ``data.n_everyday=100``)."""
+    from dataclasses import fields, is_dataclass, replace
 
-    prov = build(args.out, base_model=args.base_model, preset=args.preset, overrides=_parse_overrides(args.set),
-                 sae_source=args.sae)
-    summary = {"sae": prov["sae"], "lora": {k: v for k, v in prov["lora"].items() if k != "verdict_token_ids"},
+    out = cfg
+    for key, value in overrides.items():
+        head, _, rest = key.partition(".")
+        names = {f.name for f in fields(out)}
+        if head not in names:
+            import difflib
+
+            close = difflib.get_close_matches(head, names, n=1)
+            raise SystemExit(f"unknown build setting '{key}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+        if rest:
+            sub = getattr(out, head)
+            if not is_dataclass(sub):
+                raise SystemExit(f"build setting '{head}' has no fields")
+            out = replace(out, **{head: _apply(sub, {rest: value})})
+        else:
+            out = replace(out, **{head: tuple(value) if isinstance(value, list) else value})
+    return out
+
+
+def _build(args: argparse.Namespace) -> int:
+    from dataclasses import fields
+
+    from guard.build.pipeline import PRESETS, build
+
+    cfg = _apply(PRESETS[args.preset], _parse_overrides(args.set))
+    prov = build(args.out, base_model=args.base_model, preset=args.preset, work_dir=args.work_dir,
+                 overrides={f.name: getattr(cfg, f.name) for f in fields(cfg)}, dataset=args.dataset)
+    summary = {"layer": prov["layer"], "layers": prov["layers"], "sae": prov["sae"].get("per_layer"),
+               "safeguard": {k: prov["safeguard"][k] for k in ("steps_run", "best_step", "best_val_loss")},
+               "monitors": {n: {g: m[g]["chosen"] for g in ("prompt", "response")} for n, m in prov["monitors"].items()},
                "timings_s": prov["timings_s"]}
     sys.stdout.write(json.dumps(summary, default=str) + "\n")
     return 0
 
 
-def _resae(args: argparse.Namespace) -> int:
-    from guard.build import retrain_sae
-
-    prov = retrain_sae(args.artifacts, base_model=args.base_model, overrides=_parse_overrides(args.set),
-                       cache_dir=args.cache_dir)
-    summary = {"sae": prov["sae"], "previous_sae": prov["sae_history"][-1]["sae"], "timings_s": prov["timings_s"],
-               "calibration_f1": {n: {g: {mode: v["f1"] for mode, v in m[g]["calibration"].items()}
-                                      for g in ("prompt", "response")} for n, m in prov["monitors"].items()}}
-    sys.stdout.write(json.dumps(summary, default=str) + "\n")
-    return 0
-
-
-def _reselect(args: argparse.Namespace) -> int:
-    from guard.build import reselect_monitors
-
-    prov = reselect_monitors(args.artifacts, base_model=args.base_model, overrides=_parse_overrides(args.set))
-    sys.stdout.write(json.dumps({n: {g: {mode: v["f1"] for mode, v in m[g]["calibration"].items()}
-                                     for g in ("prompt", "response")} for n, m in prov["monitors"].items()}) + "\n")
-    return 0
+# Sections that other layers add to ``guard eval`` (the gateway registers the everyday streams through a
+# real server): each gets the parsed arguments and the report so far and returns keys to merge in.
+EVAL_EXTENSIONS: list[Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]] = []
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from guard.evaluate import run_eval
 
     report = run_eval(args.artifacts, args.out, base_model=args.base_model, monitored=args.monitored,
                       limit=args.limit)
-    sys.stdout.write(json.dumps(report["summary"], default=str) + "\n")
+    for ext in EVAL_EXTENSIONS:
+        report.update(ext(args, report))
+    summary = dict(report["summary"])
+    if "everyday_gateway" in report:
+        summary["everyday_gateway"] = {k: report["everyday_gateway"][k] for k in
+                                       ("n_prompts", "moderation_flagged", "streams_refused", "streams_cut")}
+    report["summary"] = summary
+    (Path(args.out) / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    sys.stdout.write(json.dumps(summary, default=str) + "\n")
     return 0
 
 
@@ -74,34 +97,24 @@ def _bench(args: argparse.Namespace) -> int:
 def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> None:
     g = subparsers.add_parser("guard", help="NExT-Guard monitor: build artifacts, evaluate")
     gs = g.add_subparsers(dest="guard_command", required=True)
-    b = gs.add_parser("build", help="fine-tune the safeguard, train the SAE, select features, calibrate")
+    b = gs.add_parser("build", help="data, safeguard, SAEs, read-outs, thresholds (about 4 h on 2 CPU cores)")
     b.add_argument("--out", default=str(DEFAULT_ARTIFACTS))
     b.add_argument("--base-model", default=None, help="HF folder (default: the embedded SmolLM2)")
     b.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
-    b.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a BuildConfig field")
-    b.add_argument("--sae", default=None, help="pretrained SAE instead of training one: dictionary_learning:<dir>, "
-                   "sae_lens:<dir or release@id>, or a production name (guard.production)")
+    b.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a build setting, dotted for nested ones (head.window=32, data.n_everyday=100)")
+    b.add_argument("--dataset", default=None,
+                   help="reuse a dataset file (e.g. a published data.jsonl.gz) instead of generating answers")
+    b.add_argument("--work-dir", default=None, help="stage outputs kept for resuming (default $NEXTGUARD_HOME/guard-build/<preset>)")
     b.set_defaults(func=_build)
-    r = gs.add_parser("resae", help="retrain only the SAE of an existing build (its LoRA adapter, data and splits "
-                      "are reused), then redo selection and calibration for every monitor")
-    r.add_argument("--artifacts", default=str(DEFAULT_ARTIFACTS))
-    r.add_argument("--base-model", default=None, help="HF folder (default: the embedded SmolLM2)")
-    r.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override an SAE field of BuildConfig (sae_tokens, sae_lr, sae_collect_tokens, ...)")
-    r.add_argument("--cache-dir", default=None, help="keep the collected SAE training activations here for reruns")
-    r.set_defaults(func=_resae)
-    rs = gs.add_parser("reselect", help="redo only feature selection and calibration of an existing build")
-    rs.add_argument("--artifacts", default=str(DEFAULT_ARTIFACTS))
-    rs.add_argument("--base-model", default=None, help="HF folder (default: the embedded SmolLM2)")
-    rs.add_argument("--set", action="append", metavar="KEY=VALUE",
-                    help="override a selection field of BuildConfig (top_k, sigma, weight_scale, max_token_density, default_mode)")
-    rs.set_defaults(func=_reselect)
     e = gs.add_parser("eval", help="sample-level F1, streaming timeliness, baselines; JSON + PNG report")
     e.add_argument("--artifacts", default=str(DEFAULT_ARTIFACTS))
     e.add_argument("--out", default="guard-eval")
     e.add_argument("--base-model", default=None)
     e.add_argument("--monitored", action="append", default=None, help="lora and/or base (default both)")
-    e.add_argument("--limit", type=int, default=None, help="cap samples per gate (quick runs)")
+    e.add_argument("--limit", type=int, default=None, help="cap samples per kind (quick runs)")
+    e.add_argument("--no-gateway", action="store_true", help="skip the everyday streams through a real gateway")
+    e.add_argument("--everyday-max-tokens", type=int, default=512, help="answer length of the everyday streams")
     e.set_defaults(func=_eval)
     if bench_subparsers is not None:
         bg = bench_subparsers.add_parser("guard", help="monitor cost per token and guarded streaming throughput")

@@ -23,12 +23,17 @@ class GuardSettings(BaseModel):
     base_model: str | None = Field(
         default=None, description="Override the manifest's base model (HF folder or id); None = as built.")
     device: str = Field(default="cpu")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        default=None, description="The monitored network's dtype; None = the dtype the monitors were fitted with.")
     hold_back: int = Field(default=1, ge=1, description="Generated tokens withheld until scored (>= 1).")
-    mode: Literal["max", "debounce", "decay"] | None = Field(
-        default=None, description="Aggregation mode; None = the mode the thresholds were calibrated for.")
     prompt_threshold: float | None = Field(default=None, description="Override the calibrated prompt gate.")
     response_threshold: float | None = Field(default=None, description="Override the calibrated response gate.")
+    prompt_budget: float | None = Field(
+        default=None, ge=0.0, lt=1.0, description="Share of benign prompts (calibration split) the prompt gate may "
+        "refuse; sets the threshold from the build's benign scores. None = the build's default (2%).")
+    response_budget: float | None = Field(
+        default=None, ge=0.0, lt=1.0, description="Share of full-length benign answers (calibration split) the "
+        "response gate may cut. None = the build's default (2%).")
     fail_closed: bool = Field(default=True, description="Cut the stream when the guard itself fails.")
     max_batch: int = Field(default=16, ge=1, le=256, description="Streams stepped together per forward.")
     max_len: int = Field(default=8192, ge=64, description="Guard context limit per stream (tokens).")
@@ -48,4 +53,4 @@ class GuardSettings(BaseModel):
     def default_policy(self) -> GuardPolicy:
         return GuardPolicy(enabled=self.enabled, prompt_threshold=self.prompt_threshold,
                            response_threshold=self.response_threshold, hold_back=self.hold_back,
-                           fail_closed=self.fail_closed, mode=self.mode)
+                           fail_closed=self.fail_closed)

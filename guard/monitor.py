@@ -1,16 +1,19 @@
-"""Pure per-token scoring and the cut decision (NExT-Guard Stage 2). No model, no I/O, no clock.
+"""Pure per-token scoring and the cut decision. No model, no I/O, no clock.
 
-Per token t: a causal norm filter zeroes the SAE activations of outlier tokens, the token score is
-c_t = sum_j s_j a_{t,j} over the gate's selected latents, an aggregation mode turns c into a series
-g such that the stream is cut at the first valid token with g_t > gamma (one rule, strict ``>``,
-used by calibration and serving alike):
+Per valid token t of a gate (prompt tokens, or response tokens with the conversation as context):
 
-* ``max``      g_t = c_t (the reference code: first crossing == running max exceeds gamma)
-* ``debounce`` g_t = min(c_{t-1}, c_t): two consecutive tokens above gamma (Qwen3Guard-Stream's rule)
-* ``decay``    g_t = sum_{i<w} d^i c_{t-i}, w = 10, d = 0.5 (the reference code's unused accumulator)
+1. a causal norm filter zeroes the SAE activations of outlier tokens (running median over positions 0..t;
+   position 0, the attention sink, is always dropped);
+2. each selected latent's activation is put on a common scale and clipped, f_tj = min(a_tj / s_j, clip);
+3. the token's contribution is u_t = sum_j w_j f_tj over the gate's latents (a sparse read-out whose latents
+   and weights were chosen from sample-level labels only);
+4. the score is a causal window mean plus a bias, c_t = b + sum_{i in last W tokens} u_i / max(min(n_t, W), M),
+   with n_t the number of valid tokens so far: one token cannot trip the gate on its own unless it carries
+   the whole window's evidence, and a long answer does not push the score up by being long;
+5. the stream is cut at the first valid token with c_t > gamma (strict ``>``, the same rule in calibration).
 
-The sample-level score used for calibration is max_t g_t over valid tokens, so "score > gamma" is
-exactly "the stream would have been cut".
+The paper's reference scorer is the special case W = M = 1, s = 1, clip = inf, b = 0, w = the standardised
+mean differences: c_t = sum_j s_j a_tj and the cut is the first crossing of the running max.
 
 The same code runs offline on a whole sequence (:func:`score_sequence`) and online token by token
 (:class:`StreamScorer`); a test checks they agree token for token.
@@ -19,6 +22,7 @@ The same code runs offline on a whole sequence (:func:`score_sequence`) and onli
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,29 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from guard.features import GateFeatures
-
-MODES = ("max", "debounce", "decay")
 NEG = float("-inf")
 
 
-def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        import difflib
-
-        close = difflib.get_close_matches(mode, MODES, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ValueError(f"Unknown aggregation mode '{mode}'.{hint} Available: {', '.join(MODES)}")
-    return mode
-
-
 class CausalNormFilter:
-    """Zero tokens whose residual norm exceeds ``ratio`` x the running median of the norms seen so far.
-
-    The reference code uses the median over the whole sequence (future tokens included), which a
-    stream cannot know; here the median is over positions 0..t. Position 0 (the attention sink) is
-    always dropped, as in the reference code.
-    """
+    """Zero tokens whose residual norm exceeds ``ratio`` x the running median of the norms seen so far."""
 
     def __init__(self, ratio: float = 10.0) -> None:
         self.ratio = ratio
@@ -77,155 +63,195 @@ def causal_norm_mask(norms: Sequence[float] | np.ndarray, ratio: float = 10.0) -
     return CausalNormFilter(ratio).mask(norms)
 
 
-def aggregate(c: np.ndarray, mode: str, window: int = 10, decay: float = 0.5) -> np.ndarray:
-    """Turn token scores c (valid tokens only, in order) into the series g compared with gamma."""
-    check_mode(mode)
-    c = np.asarray(c, dtype=np.float64)
-    if mode == "max":
-        return c.copy()
-    if mode == "debounce":
-        g = np.full_like(c, NEG)
-        if len(c) > 1:
-            g[1:] = np.minimum(c[:-1], c[1:])
-        return g
-    g = np.zeros_like(c)
-    for i in range(min(window, len(c))):
-        g[i:] += (decay ** i) * c[: len(c) - i]
-    return g
+@dataclass
+class Head:
+    """A sparse linear read-out over SAE latents (one gate, one category; ``"all"`` = any harm)."""
+
+    ids: list[int]
+    weights: list[float]
+    scales: list[float] | None = None       # None = 1 for every latent
+    bias: float = 0.0
+    clip: float | None = None                # None = no clipping
+    category: str = "all"
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.ids) != len(self.weights) or (self.scales is not None and len(self.scales) != len(self.ids)):
+            raise ValueError(f"head '{self.category}': ids, weights and scales must have the same length")
+        if self.scales is not None and min(self.scales, default=1.0) <= 0:
+            raise ValueError(f"head '{self.category}': scales must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ids": self.ids, "weights": self.weights, "scales": self.scales, "bias": self.bias, "clip": self.clip,
+                "category": self.category, "info": self.info}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Head:
+        return cls(ids=[int(i) for i in d["ids"]], weights=[float(w) for w in d["weights"]],
+                   scales=None if d.get("scales") is None else [float(s) for s in d["scales"]],
+                   bias=float(d.get("bias", 0.0)), clip=d.get("clip"), category=d.get("category", "all"),
+                   info=d.get("info", {}))
 
 
-def first_cut(g: np.ndarray, threshold: float) -> int | None:
-    idx = np.flatnonzero(np.asarray(g) > threshold)
-    return int(idx[0]) if idx.size else None
+@dataclass(frozen=True, slots=True)
+class Pooling:
+    window: int = 1          # W: tokens averaged
+    min_count: int = 1       # M: the first tokens are divided by at least M (damped), 1 <= M <= W
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or not 1 <= self.min_count <= self.window:
+            raise ValueError(f"pooling needs window >= 1 and 1 <= min_count <= window, got {self.window}/{self.min_count}")
 
 
-def sample_score(g: np.ndarray) -> float:
-    """max_t g_t; 0 when there is nothing to score (empty span, or one token under debounce)."""
-    if len(g) == 0:
-        return 0.0
-    m = float(np.max(g))
-    return m if np.isfinite(m) else 0.0
+def pool(u: np.ndarray, p: Pooling, bias: float = 0.0) -> np.ndarray:
+    """c_t = b + sum of the last min(t+1, W) values / max(min(t+1, W), M), for a series of valid tokens."""
+    u = np.asarray(u, dtype=np.float64)
+    cs = np.concatenate([[0.0], np.cumsum(u)])
+    t = np.arange(len(u))
+    n = np.minimum(t + 1, p.window)
+    s = cs[t + 1] - cs[t + 1 - n]
+    return bias + s / np.maximum(n, p.min_count)
+
+
+class _Readout:
+    def __init__(self, head: Head, pos: dict[int, int]) -> None:
+        self.head = head
+        self.idx = np.array([pos[j] for j in head.ids], dtype=np.int64)
+        self.w = np.array(head.weights, dtype=np.float64)
+        self.inv = None if head.scales is None else 1.0 / np.array(head.scales, dtype=np.float64)
+        self.clip = math.inf if head.clip is None else float(head.clip)
+
+    def features(self, acts: np.ndarray) -> np.ndarray:
+        f = np.asarray(acts, dtype=np.float64)[..., self.idx]
+        if self.inv is not None:
+            f = f * self.inv
+        return np.minimum(f, self.clip)
+
+    def contrib(self, acts: np.ndarray) -> np.ndarray:
+        return self.features(acts) @ self.w
 
 
 @dataclass
 class GateScorer:
-    """Token scores of one gate from activations of the union of its latents.
+    """Scores of one gate from activations of the union of its latents.
 
-    ``columns`` are the latent ids in the order of the activation matrix the caller provides
-    (the :class:`~guard.sae.SelectedEncoder` ids); each feature set indexes into them.
-    """
+    ``columns`` are the latent ids in the order of the activation matrix the caller provides (the
+    :class:`~guard.sae.SelectedEncoder` ids); every head indexes into them."""
 
-    features: GateFeatures
+    overall: Head
     columns: list[int]
     threshold: float
+    pooling: Pooling = field(default_factory=Pooling)
+    categories: dict[str, Head] = field(default_factory=dict)
     category_thresholds: dict[str, float] = field(default_factory=dict)
-    mode: str = "max"
 
     def __post_init__(self) -> None:
-        check_mode(self.mode)
         pos = {c: i for i, c in enumerate(self.columns)}
-        missing = [j for j in self.features.all_ids() if j not in pos]
+        missing = sorted({j for h in [self.overall, *self.categories.values()] for j in h.ids} - set(pos))
         if missing:
             raise ValueError(f"activation columns lack selected latents {missing[:8]}")
-        self._ov_idx = np.array([pos[j] for j in self.features.overall.ids], dtype=np.int64)
-        self._ov_w = np.array(self.features.overall.weights, dtype=np.float64)
-        self._cat = {
-            c: (np.array([pos[j] for j in fs.ids], dtype=np.int64), np.array(fs.weights, dtype=np.float64))
-            for c, fs in self.features.categories.items()
-        }
+        self._ov = _Readout(self.overall, pos)
+        self._cat = {c: _Readout(h, pos) for c, h in self.categories.items()}
 
-    @property
-    def categories(self) -> list[str]:
-        return list(self._cat)
+    def with_threshold(self, threshold: float) -> GateScorer:
+        return GateScorer(self.overall, self.columns, float(threshold), self.pooling, self.categories,
+                          self.category_thresholds)
 
-    def token_scores(self, acts: np.ndarray) -> np.ndarray:
-        """(T, n_columns) -> (T,) c_t of the overall feature set."""
-        return np.asarray(acts, dtype=np.float64)[:, self._ov_idx] @ self._ov_w
+    def contributions(self, acts: np.ndarray) -> np.ndarray:
+        """(T, n_columns) -> (T,) per-token u_t of the overall head."""
+        return self._ov.contrib(np.atleast_2d(acts))
 
-    def category_token_scores(self, acts: np.ndarray) -> dict[str, np.ndarray]:
-        a = np.asarray(acts, dtype=np.float64)
-        return {c: a[:, idx] @ w for c, (idx, w) in self._cat.items()}
+    def scores(self, acts: np.ndarray) -> np.ndarray:
+        """(T, n_columns) of consecutive valid tokens -> (T,) pooled scores c_t."""
+        return pool(self.contributions(acts), self.pooling, self.overall.bias)
 
-    def category_at(self, acts_row: np.ndarray) -> str:
-        """The category whose score, relative to its own calibrated threshold, is highest at a token."""
+    def category_scores(self, acts: np.ndarray) -> dict[str, np.ndarray]:
+        a = np.atleast_2d(acts)
+        return {c: pool(r.contrib(a), self.pooling, r.head.bias) for c, r in self._cat.items()}
+
+    def category_of(self, cat_scores: dict[str, float]) -> str:
+        """The category whose score, relative to its own calibrated threshold, is highest."""
         best, best_r = "unsafe", NEG
-        for c, (idx, w) in self._cat.items():
+        for c, v in cat_scores.items():
             thr = self.category_thresholds.get(c)
-            if thr is None or thr <= 0:
+            if thr is None:
                 continue
-            r = float(np.asarray(acts_row, dtype=np.float64)[idx] @ w) / thr
+            r = v - thr
             if r > best_r:
                 best, best_r = c, r
         return best
 
-    def top_features(self, acts_row: np.ndarray, n: int = 5) -> list[tuple[int, float]]:
-        """Latents of the overall set with the largest contribution s_j a_j at a token."""
-        a = np.asarray(acts_row, dtype=np.float64)[self._ov_idx]
-        contrib = a * self._ov_w
+    def top_features(self, acts_window: np.ndarray, n: int = 5) -> list[tuple[int, float]]:
+        """Latents with the largest positive contribution w_j f_j summed over the pooling window that tripped
+        the gate (rows = those tokens), with their largest activation there."""
+        a = np.atleast_2d(np.asarray(acts_window, dtype=np.float64))
+        contrib = (self._ov.features(a) * self._ov.w).sum(0)
+        raw = a[:, self._ov.idx].max(0)
         order = np.argsort(-contrib, kind="stable")[:n]
-        return [(int(self.features.overall.ids[i]), float(a[i])) for i in order if a[i] > 0]
+        return [(int(self.overall.ids[i]), float(raw[i])) for i in order if contrib[i] > 0]
 
 
 @dataclass
 class SequenceScore:
-    c: np.ndarray                 # token scores over the valid span (filtered tokens score 0)
-    g: np.ndarray                 # aggregated series
-    score: float                  # max g
-    cut: int | None               # index into the valid span of the first g > threshold
+    c: np.ndarray                 # pooled scores over the valid span
+    score: float                  # max c (0 for an empty span)
+    cut: int | None               # index into the valid span of the first c > threshold
     kept: np.ndarray              # norm-filter mask over the valid span
+    acts: np.ndarray              # filtered activations over the valid span
 
 
-def score_sequence(
-    scorer: GateScorer, acts: np.ndarray, norms: np.ndarray, span: tuple[int, int],
-    threshold: float | None = None, mode: str | None = None, norm_ratio: float = 10.0,
-) -> SequenceScore:
+def score_sequence(scorer: GateScorer, acts: np.ndarray, norms: np.ndarray, span: tuple[int, int],
+                   threshold: float | None = None, norm_ratio: float = 10.0) -> SequenceScore:
     """Offline scoring of one formatted sample. ``acts``/``norms`` cover all tokens (context included)
     because the causal norm filter's median runs over every position from 0."""
     kept_all = causal_norm_mask(norms, norm_ratio)
     s, e = span
     a = np.asarray(acts, dtype=np.float64)[s:e] * kept_all[s:e, None]
-    c = scorer.token_scores(a)
-    g = aggregate(c, mode or scorer.mode)
+    c = scorer.scores(a) if e > s else np.zeros(0)
     thr = scorer.threshold if threshold is None else threshold
-    return SequenceScore(c=c, g=g, score=sample_score(g), cut=first_cut(g, thr), kept=kept_all[s:e])
+    idx = np.flatnonzero(c > thr)
+    return SequenceScore(c=c, score=float(c.max()) if len(c) else 0.0, cut=int(idx[0]) if idx.size else None,
+                         kept=kept_all[s:e], acts=a)
 
 
 class StreamScorer:
     """Online version of :func:`score_sequence` for one stream: feed context tokens, then valid tokens."""
 
-    def __init__(self, scorer: GateScorer, threshold: float | None = None, mode: str | None = None,
-                 norm_ratio: float = 10.0, window: int = 10, decay: float = 0.5) -> None:
+    def __init__(self, scorer: GateScorer, threshold: float | None = None, norm_ratio: float = 10.0) -> None:
         self.scorer = scorer
         self.threshold = scorer.threshold if threshold is None else float(threshold)
-        self.mode = check_mode(mode or scorer.mode)
         self.norms = CausalNormFilter(norm_ratio)
-        self.window, self.decay = window, decay
-        self._hist: deque[float] = deque(maxlen=window)
+        p = scorer.pooling
+        self._win: deque[float] = deque(maxlen=p.window)
+        self._rows: deque[np.ndarray] = deque(maxlen=p.window)
         self.n_valid = 0
-        self.max_g = NEG
+        self.max_c = NEG
         self.last: dict[str, Any] = {}
 
     def context(self, norms: Sequence[float]) -> None:
-        """Tokens that are not scored (the formatted prompt prefix) still feed the running median."""
+        """Tokens that are not scored (the conversation before the response) still feed the running median."""
         for x in norms:
             self.norms.step(float(x))
 
-    def step(self, acts_row: np.ndarray, norm: float) -> tuple[float, float, bool]:
-        """Score one valid token: returns (c_t, g_t, cut_now)."""
+    def step(self, acts_row: np.ndarray, norm: float) -> tuple[float, bool]:
+        """Score one valid token: returns (c_t, cut_now)."""
         kept = self.norms.step(float(norm))
         row = np.asarray(acts_row, dtype=np.float64) * (1.0 if kept else 0.0)
-        c = float(self.scorer.token_scores(row[None, :])[0])
-        if self.mode == "max":
-            g = c
-        elif self.mode == "debounce":
-            g = min(self._hist[-1], c) if self._hist else NEG
-        else:
-            g = c + sum((self.decay ** (i + 1)) * v for i, v in enumerate(reversed(self._hist)))
-            # the window holds w-1 previous scores, so g sums exactly w terms
-        self._hist.append(c)
-        if self.mode == "decay" and len(self._hist) > self.window - 1:
-            self._hist.popleft()
+        p = self.scorer.pooling
+        self._win.append(float(self.scorer.contributions(row[None, :])[0]))
+        self._rows.append(row)
         self.n_valid += 1
-        self.max_g = max(self.max_g, g)
-        self.last = {"row": row, "c": c, "g": g}
-        return c, g, bool(g > self.threshold)
+        c = self.scorer.overall.bias + sum(self._win) / max(len(self._win), p.min_count)
+        self.max_c = max(self.max_c, c)
+        self.last = {"c": c}
+        return c, bool(c > self.threshold)
+
+    def cut_details(self) -> tuple[str, list[tuple[int, float]]]:
+        """Category and top features of the window that ends at the last token (call right after a cut)."""
+        rows = np.stack(list(self._rows))
+        p = self.scorer.pooling
+        cats = {}
+        for c, r in self.scorer._cat.items():
+            u = r.contrib(rows)
+            cats[c] = r.head.bias + float(u.sum()) / max(len(u), p.min_count)
+        return self.scorer.category_of(cats), self.scorer.top_features(rows)

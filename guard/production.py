@@ -12,8 +12,8 @@ shieldgemma-2b     google/shieldgemma-2b           12     Gemma Scope gemma-scop
 llama-guard-3-8b   meta-llama/Llama-Guard-3-8B     15     Llama Scope llama_scope_lxr_8x l15r_8x via sae-lens
 =================  ==============================  =====  =================================================
 
-``nextguard guard build --base-model <guard> --sae <name>:<local dir or hub> --set lora_steps=0
---set layer=<L>`` selects features and calibrates thresholds for the guard as given (no LoRA), and
+``nextguard guard build --base-model <guard> --set sae_source=<name or kind:dir> --set safeguard.max_steps=0
+--set sae.layers=[<L>]`` selects features and calibrates thresholds for the guard as given (no LoRA), and
 the service loads the result like the embedded build. The SAEs are trained on the guard's parent
 model and transferred, as in the paper. None of these weights can be fetched on the CPU dev box; the
 loaders are tested on small local files of the same formats.

@@ -35,12 +35,13 @@ def load_guard_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tdt = getattr(torch, dtype)
-    model: Any = AutoModelForCausalLM.from_pretrained(str(base), dtype=tdt)
+    # merge the adapter in fp32, then cast: merging into bf16 weights would round the small LoRA update away
+    model: Any = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
     if adapter is not None:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
-    model = model.to(device).eval()
+    model = model.to(device=device, dtype=tdt).eval()
     tok = AutoTokenizer.from_pretrained(str(base))
     return model, tok
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from guard.api import FeatureActivation, GuardPolicy, SafetyCut
+from guard.text import Conversation, conversation_text
 from inference.engine import EngineError
 from inference.types import ModelCard, SamplingOptions, TokenDelta, TokenLogprob
 
@@ -121,13 +122,13 @@ class ScriptedGuard:
     ready: bool = True
     fail: bool = False
 
-    async def check_prompt(self, prompt_text: str, policy: GuardPolicy) -> SafetyCut | None:
-        if self.prompt_trigger in prompt_text:
+    async def check_prompt(self, conversation: Conversation, policy: GuardPolicy) -> SafetyCut | None:
+        if self.prompt_trigger in conversation_text(conversation):
             return SafetyCut(category="test", score=0.9, threshold=0.5, token_offset=0, gate="prompt",
                              features=(FeatureActivation(7, 1.5),))
         return None
 
-    async def watch(self, prompt_text: str, deltas: AsyncIterator[TokenDelta], policy: GuardPolicy) -> AsyncIterator[TokenDelta | SafetyCut]:
+    async def watch(self, conversation: Conversation, deltas: AsyncIterator[TokenDelta], policy: GuardPolicy) -> AsyncIterator[TokenDelta | SafetyCut]:
         seen = ""
         offset = 0
         async for d in deltas:
@@ -145,8 +146,8 @@ class ScriptedGuard:
     def threshold(self, gate: str, policy: GuardPolicy) -> float:
         return policy.response_threshold if policy.response_threshold is not None else 0.5
 
-    async def score_text(self, prompt: str, response: str | None = None) -> dict[str, Any]:
-        text = response if response is not None else prompt
+    async def score_text(self, prompt: str | Conversation, response: str | None = None) -> dict[str, Any]:
+        text = response if response is not None else (prompt if isinstance(prompt, str) else conversation_text(prompt))
         tokens = list(text)
         scores = [0.9 if text[i:].startswith(self.trigger) else 0.1 for i in range(len(text))]
         cut_at = next((i for i, v in enumerate(scores) if v >= 0.5), None)

@@ -35,6 +35,7 @@ from gateway.serving.common import (
     stop_tuple,
 )
 from guard.api import GuardFailure, GuardPolicy, SafetyCut
+from guard.text import Conversation
 from inference.types import SamplingOptions, TokenDelta, TokenLogprob
 
 
@@ -44,7 +45,7 @@ class PreparedChat:
     created: int
     model: str
     prompt_ids: list[int]
-    prompt_text: str
+    conversation: Conversation
     options: SamplingOptions
     policy: GuardPolicy
     n: int
@@ -55,12 +56,10 @@ class PreparedChat:
     guard_fail_open: list[GuardFailure] = field(default_factory=list)   # prompt gate, failed open
 
 
-def guard_prompt_text(req: ChatCompletionRequest) -> str:
-    """The conversation as the guard reads it: one user turn is just its text; longer conversations keep roles."""
-    turns = [m for m in req.messages if m.role not in ("system", "developer")]
-    if len(turns) == 1 and turns[0].role == "user":
-        return turns[0].text()
-    return "\n".join(f"{m.role}: {m.text()}" for m in req.messages)
+def guard_conversation(req: ChatCompletionRequest) -> Conversation:
+    """Every message the model reads, in order (system, developer and tool messages and earlier turns too):
+    the guard formats it with :mod:`guard.text`, the one format its monitors were fitted on."""
+    return tuple((m.role, m.text()) for m in req.messages)
 
 
 def chat_logprobs(lps: list[TokenLogprob] | None) -> ChoiceLogprobs | None:
@@ -106,8 +105,8 @@ class ServingChat(ServingBase):
             min_tokens=req.min_tokens,
         )
         policy = self.resolve_policy(req.guard, tenant_policy, allow_disable)
-        prompt_text = guard_prompt_text(req)
-        fail_open = await self.check_prompt(prompt_text, policy)
+        conversation = guard_conversation(req)
+        fail_open = await self.check_prompt(conversation, policy)
         include_scores = bool(req.guard and req.guard.include_scores and self.guard is not None and policy.enabled)
         threshold_fn = getattr(self.guard, "threshold", None)
         return PreparedChat(
@@ -118,7 +117,7 @@ class ServingChat(ServingBase):
             created=int(time.time()),
             model=engine.model_card.id,
             prompt_ids=prompt_ids,
-            prompt_text=prompt_text,
+            conversation=conversation,
             options=options,
             policy=policy,
             n=req.n or 1,
@@ -134,7 +133,7 @@ class ServingChat(ServingBase):
                 self.guard,
                 p.policy,
                 p.prompt_ids,
-                p.prompt_text,
+                p.conversation,
                 choice_options(p.options, i),
                 f"{p.id}-{i}",
                 stats,

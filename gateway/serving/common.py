@@ -14,6 +14,7 @@ from typing import Any
 
 from gateway.errors import OpenAIError, bad_request, not_found, not_ready
 from guard.api import FAIL_OPEN_SINK, GuardFailure, GuardPolicy, SafetyCut, StreamGuard
+from guard.text import Conversation
 from inference.engine import EngineClient, EngineError, PromptTooLongError
 from inference.types import SamplingOptions, TokenDelta
 
@@ -139,7 +140,7 @@ async def choice_stream(
     guard: StreamGuard | None,
     policy: GuardPolicy,
     prompt_ids: list[int],
-    prompt_text: str,
+    conversation: Conversation,
     options: SamplingOptions,
     request_id: str,
     stats: StreamStats | None = None,
@@ -156,7 +157,7 @@ async def choice_stream(
     guarded = guard is not None and policy.enabled
     if guarded:
         assert guard is not None
-        source = guard.watch(prompt_text, _tap(deltas, arrivals) if stats is not None else deltas, policy)
+        source = guard.watch(conversation, _tap(deltas, arrivals) if stats is not None else deltas, policy)
     limits = STREAM_TIMEOUTS.get()
     loop = asyncio.get_running_loop()
     deadline = (limits.started if limits.started is not None else loop.time()) + limits.total_s
@@ -283,7 +284,7 @@ class ServingBase:
         self.default_policy = default_policy
         self.allow_guard_disable = allow_guard_disable
 
-    async def check_prompt(self, prompt_text: str, policy: GuardPolicy) -> list[GuardFailure]:
+    async def check_prompt(self, conversation: Conversation, policy: GuardPolicy) -> list[GuardFailure]:
         """The prompt gate: raise 400 ``content_filter`` on a cut; return the failures the policy let
         through (fail-open), which the caller adds to the request's :class:`StreamStats`."""
         failures: list[GuardFailure] = []
@@ -291,7 +292,7 @@ class ServingBase:
             return failures
         token = FAIL_OPEN_SINK.set(failures)
         try:
-            cut = await self.guard.check_prompt(prompt_text, policy)
+            cut = await self.guard.check_prompt(conversation, policy)
         finally:
             FAIL_OPEN_SINK.reset(token)
         if cut is not None:

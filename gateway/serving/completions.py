@@ -29,6 +29,7 @@ from gateway.serving.common import (
     stop_tuple,
 )
 from guard.api import GuardFailure, GuardPolicy, SafetyCut
+from guard.text import user
 from inference.types import SamplingOptions, TokenDelta, TokenLogprob
 
 
@@ -112,7 +113,7 @@ class ServingCompletion(ServingBase):
         policy = self.resolve_policy(req.guard, tenant_policy, allow_disable)
         fail_open: list[GuardFailure] = []
         for _, text in prompts:
-            fail_open += await self.check_prompt(text, policy)
+            fail_open += await self.check_prompt(user(text), policy)
         return PreparedCompletion(
             id=new_id("cmpl"),
             created=int(time.time()),
@@ -136,7 +137,7 @@ class ServingCompletion(ServingBase):
                 k = pi * p.n + j
                 streams.append(
                     choice_stream(
-                        self.engine, self.guard, p.policy, ids, text, choice_options(p.options, k), f"{p.id}-{k}", stats
+                        self.engine, self.guard, p.policy, ids, user(text), choice_options(p.options, k), f"{p.id}-{k}", stats
                     )
                 )
         return streams

@@ -38,12 +38,14 @@ class FakeRunner:
         self._lens: dict[int, int] = {}
         self.batches: list[int] = []
         self.events: list[tuple[str, int]] = []     # ("alloc"|"step"|"free", slot), in order
+        self.fed: dict[int, list[int]] = {}        # every id stepped into a slot since its last alloc
         self.fail = fail
 
     def alloc(self) -> int:
         for i in range(self.max_slots):
             if i not in self._lens:
                 self._lens[i] = 0
+                self.fed[i] = []
                 self.events.append(("alloc", i))
                 return i
         raise RuntimeError("busy")
@@ -68,6 +70,7 @@ class FakeRunner:
             assert s in self._lens, f"step on freed slot {s}"
             self.events.append(("step", s))
             self._lens[s] += len(ids)
+            self.fed[s].extend(int(t) for t in ids)
             out.append(self.E[torch.tensor(list(ids), dtype=torch.long)].clone())
         return out
 
@@ -78,10 +81,10 @@ def tok():
 
 
 def planted_spec(tok, E: torch.Tensor, bad_word: str = " bomb", threshold: float = 0.2):
-    """A MonitorSpec whose one latent fires on the guard token(s) of ``bad_word``."""
-    from guard.bundle import MonitorSpec
-    from guard.calibrate import Thresholds
-    from guard.features import FeatureSet, GateFeatures
+    """A MonitorSpec whose one latent fires on the guard token(s) of ``bad_word`` (window 1: a token's own
+    activation is its score)."""
+    from guard.bundle import GateSpec, MonitorSpec
+    from guard.monitor import Head, Pooling
     from guard.sae import SelectedEncoder
 
     bad = tok(bad_word, add_special_tokens=False)["input_ids"]
@@ -90,15 +93,15 @@ def planted_spec(tok, E: torch.Tensor, bad_word: str = " bomb", threshold: float
     W = torch.stack([e / e.dot(e), -e / e.dot(e)], dim=1)      # latent 7 fires on "bomb", latent 9 never
     enc = SelectedEncoder(ids=[7, 9], W=W, b=torch.tensor([-0.6, -0.6]), b_dec=torch.zeros(E.shape[1]),
                           threshold=torch.zeros(2))
-    gf = GateFeatures(FeatureSet([7, 9], [1.0, 0.5]), {"violence": FeatureSet([7], [1.0], "violence")})
-    th = Thresholds(prompt=threshold, response=threshold, mode="max",
-                    prompt_categories={"violence": threshold}, response_categories={"violence": threshold})
-    return MonitorSpec(enc, {"prompt": gf, "response": gf}, th, "test"), bad[0]
+    gate = GateSpec(Head([7, 9], [1.0, 0.5]), Pooling(1, 1), threshold,
+                    {"violence": Head([7], [1.0], category="violence")}, {"violence": threshold})
+    return MonitorSpec(enc, {"prompt": gate, "response": gate}, "test"), bad[0]
 
 
 def make_guard(tok, tmp_path, fail=False, max_batch=16, **settings):
+    from guard.batching import GuardEngine
     from guard.config import GuardSettings
-    from guard.service import GuardEngine, NextGuard
+    from guard.service import NextGuard
 
     runner = FakeRunner(len(tok), fail=fail, max_slots=max_batch)
     spec, bad = planted_spec(tok, runner.E)

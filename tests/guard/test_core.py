@@ -1,4 +1,4 @@
-"""Pure-core tests: SAE conversion and selected encoder, spans, selection, aggregation, calibration."""
+"""Pure-core tests: SAE conversion and selected encoder, spans, pooling and scoring, selection, calibration."""
 
 from __future__ import annotations
 
@@ -6,25 +6,30 @@ import numpy as np
 import pytest
 import torch
 
-from guard.calibrate import Thresholds, best_f1_threshold, prf, threshold_at_fpr
-from guard.features import (
-    FeatureSet,
-    GateFeatures,
+from guard.build.calibration import (
+    best_f1_threshold,
+    operating_point,
+    prf,
+    threshold_at_budget,
+    threshold_at_fpr,
+)
+from guard.build.encode import TokenData
+from guard.build.selection import (
+    HeadConfig,
     diff_scores,
-    format_sample,
-    sample_max,
-    select_features,
-    select_gate_features,
+    fit_head,
+    head_sample_scores,
+    reference_head,
     token_density,
-    token_span,
 )
 from guard.monitor import (
     CausalNormFilter,
     GateScorer,
+    Head,
+    Pooling,
     StreamScorer,
-    aggregate,
     causal_norm_mask,
-    first_cut,
+    pool,
     score_sequence,
 )
 from guard.sae import (
@@ -36,6 +41,7 @@ from guard.sae import (
     save_sae,
     topk_to_jumprelu,
 )
+from guard.text import prompt_text, response_text, token_span, user
 
 
 @pytest.fixture(autouse=True)
@@ -121,13 +127,13 @@ def test_dictionary_learning_batchtopk_loader(tmp_path):
 
 
 def test_format_and_span_synthetic_offsets():
-    fs = format_sample("hi there", "ok sure")
+    fs = response_text(user("hi there"), "ok sure")
     assert fs.text == "User: hi there\nAssistant: ok sure"
     assert fs.text[fs.char_start:fs.char_end] == "ok sure"
     # tokens: "User" ":" " hi" " there" "\n" "Assistant" ":" " ok" " sure"  (BPE puts the space in front)
     offs = [(0, 4), (4, 5), (5, 8), (8, 14), (14, 15), (15, 24), (24, 25), (25, 28), (28, 33)]
     assert token_span(offs, fs.char_start, fs.char_end) == (7, 9)
-    p = format_sample("hi there")
+    p = prompt_text(user("hi there"))
     assert token_span(offs[:4], p.char_start, p.char_end) == (2, 4)
     # special tokens with empty offsets never count
     assert token_span([(0, 0)] + offs, fs.char_start, fs.char_end) == (8, 10)
@@ -143,7 +149,7 @@ def test_span_with_a_real_bpe_tokenizer_differs_from_prefix_length_rule():
     tk.train_from_iterator(["User: how do I bake bread\nAssistant: mix flour and water"] * 50,
                            trainers.BpeTrainer(vocab_size=300, show_progress=False))
     tok = PreTrainedTokenizerFast(tokenizer_object=tk)
-    fs = format_sample("how do I bake bread", "mix flour and water")
+    fs = response_text(user("how do I bake bread"), "mix flour and water")
     enc = tok(fs.text, return_offsets_mapping=True)
     s, e = token_span(enc["offset_mapping"], fs.char_start, fs.char_end)
     assert tok.decode(enc["input_ids"][s:e]).strip() == "mix flour and water"
@@ -152,128 +158,6 @@ def test_span_with_a_real_bpe_tokenizer_differs_from_prefix_length_rule():
     prefix = fs.text[:fs.char_start]
     n_prefix = len(tok(prefix)["input_ids"])
     assert tok.decode(enc["input_ids"][n_prefix:e]).strip() != "mix flour and water"
-
-
-def test_sample_max_uses_only_valid_span():
-    a = np.zeros((5, 3), dtype=np.float32)
-    a[0, 0] = 9.0   # context token: must not count
-    a[3, 1] = 2.0
-    X = sample_max([a, a], [(2, 5), (0, 0)])
-    assert X[0].tolist() == [0.0, 2.0, 0.0]
-    assert X[1].tolist() == [0.0, 0.0, 0.0]
-
-
-def _planted(n=400, d=50, planted=(7, 21, 33)):
-    rng = np.random.default_rng(1)
-    y = rng.random(n) < 0.5
-    X = rng.exponential(1.0, size=(n, d)).astype(np.float32)
-    for j in planted:
-        X[y, j] += 2.0
-    # a latent with a big mean difference but huge variance: per-feature sigma must demote it
-    X[:, 45] = rng.normal(0, 30, size=n) ** 2
-    X[y, 45] += 6.0
-    return X, y
-
-
-def test_selection_recovers_planted_latents_both_sigmas():
-    X, y = _planted()
-    for sigma in ("per_feature", "global"):
-        fs = select_features(X, y, k=3, sigma=sigma)   # type: ignore[arg-type]
-        if sigma == "per_feature":
-            assert set(fs.ids) == {7, 21, 33}
-        else:
-            # the reference quirk ranks by the raw mean difference, so the noisy latent wins
-            assert fs.ids[0] == 45
-        assert all(w > 0 for w in fs.weights)
-        assert fs.weights == sorted(fs.weights, reverse=True)
-
-
-def test_global_sigma_ranking_is_raw_mean_difference():
-    X, y = _planted()
-    s = diff_scores(X, y, "global")
-    raw = X[y].mean(0) - X[~y].mean(0)
-    assert np.argsort(-s).tolist() == np.argsort(-raw).tolist()
-    with pytest.raises(ValueError, match="Available"):
-        diff_scores(X, y, "bogus")   # type: ignore[arg-type]
-
-
-def test_selection_keeps_only_positive_scores():
-    X, y = _planted()
-    X2 = X.copy()
-    X2[:, :] = 1.0
-    X2[y, 3] = 2.0
-    fs = select_features(X2, y, k=32)
-    assert fs.ids == [3]
-
-
-def test_per_category_sets():
-    rng = np.random.default_rng(2)
-    n, d = 300, 20
-    cats = rng.choice(["violence", "sexual"], size=n).tolist()
-    y = rng.random(n) < 0.6
-    X = rng.exponential(1.0, size=(n, d))
-    for i in range(n):
-        if y[i]:
-            X[i, 2 if cats[i] == "violence" else 9] += 3.0
-    cats = [c if lab else None for c, lab in zip(cats, y, strict=True)]
-    gf = select_gate_features(X, y, cats, k=1)
-    assert gf.categories["violence"].ids == [2]
-    assert gf.categories["sexual"].ids == [9]
-    gf2 = GateFeatures.from_dict(gf.to_dict())
-    assert gf2.all_ids() == sorted({gf.overall.ids[0], 2, 9})
-
-
-def _token_acts(n=200, d=12, seed=3):
-    """Per-token activations: latent 0 is dense (fires on every valid token, a bit higher on unsafe samples,
-    so its sample max has a large standardised difference); latent 5 is sparse and fires only on some
-    tokens of unsafe samples, with a smaller difference."""
-    rng = np.random.default_rng(seed)
-    y = np.arange(n) % 2 == 0
-    acts, spans = [], []
-    for i in range(n):
-        t = int(rng.integers(10, 30))
-        a = np.zeros((t + 3, d), dtype=np.float32)          # 3 prefix tokens outside the span
-        a[:, 0] = 1.0 + rng.random(t + 3) * 0.1 + (0.5 if y[i] else 0.0)
-        for j in range(1, d):
-            on = rng.random(t + 3) < 0.05
-            a[on, j] = rng.exponential(1.0, on.sum())
-        if y[i] and rng.random() < 0.7:
-            a[3 + int(rng.integers(0, t)), 5] = 2.0
-        acts.append(a)
-        spans.append((3, t + 3))
-    return acts, spans, y
-
-
-def test_token_density_counts_valid_kept_tokens_without_labels():
-    a = np.zeros((5, 3), dtype=np.float32)
-    a[:, 0] = 1.0                       # fires everywhere
-    a[1, 1] = 2.0                       # one token inside the span
-    a[0, 2] = 3.0                       # outside the span: not counted
-    dens = token_density([a], [(1, 5)])
-    assert dens.tolist() == [1.0, 0.25, 0.0]
-    keep = np.array([True, False, True, True, True])
-    assert token_density([a], [(1, 5)], [keep]).tolist() == [1.0, 0.0, 0.0]
-    assert token_density([a, a], [(0, 0), (1, 5)]).tolist() == [1.0, 0.25, 0.0]   # empty spans add nothing
-
-
-def test_density_filter_drops_dense_latent_with_large_difference():
-    acts, spans, y = _token_acts()
-    X = sample_max(acts, spans)
-    dens = token_density(acts, spans)
-    assert dens[0] == 1.0 and dens[5] < 0.2
-    cats = ["violence" if lab else None for lab in y]
-    # off (the default): the dense latent has the largest standardised difference and is selected first
-    off = select_gate_features(X, y, cats, k=2)
-    assert off.overall.ids[0] == 0 and off.categories["violence"].ids[0] == 0
-    # a cutoff below its density excludes it from every set; the sparse latent takes its place
-    allowed = dens <= 0.5
-    on = select_gate_features(X, y, cats, k=2, allowed=allowed)
-    assert 0 not in on.all_ids() and on.overall.ids[0] == 5
-    # the other latents keep exactly their scores (no re-standardisation over the survivors)
-    s = diff_scores(X, y)
-    assert on.overall.weights[0] == pytest.approx(float(s[5]))
-    # a cutoff above its density keeps it
-    assert select_gate_features(X, y, cats, k=2, allowed=dens <= 1.0).overall.ids == off.overall.ids
 
 
 def test_norm_filter_is_causal_and_drops_position_zero():
@@ -287,60 +171,150 @@ def test_norm_filter_is_causal_and_drops_position_zero():
     assert [f.step(x) for x in norms] == m.tolist()
 
 
-def test_aggregation_modes():
-    c = np.array([0.0, 2.0, 0.0, 2.0, 2.0, 0.0])
-    assert first_cut(aggregate(c, "max"), 1.0) == 1
-    assert first_cut(aggregate(c, "debounce"), 1.0) == 4
-    g = aggregate(c, "decay")
-    assert g[3] == pytest.approx(2.0 + 0.25 * 2.0)
-    assert g[4] == pytest.approx(2.0 + 0.5 * 2.0 + 0.125 * 2.0)
-    long = np.ones(30)
-    assert aggregate(long, "decay")[-1] == pytest.approx(sum(0.5 ** i for i in range(10)))
-    with pytest.raises(ValueError, match="Did you mean 'decay'"):
-        aggregate(c, "decya")
+def test_pool_is_a_damped_causal_window_mean():
+    u = np.array([4.0, 0.0, 0.0, 0.0, 2.0, 2.0])
+    c = pool(u, Pooling(window=3, min_count=2), bias=-1.0)
+    # t=0: 4/max(1,2); t=1: 4/2; t=2: 4/3; t=3: 0/3; t=4: 2/3; t=5: 4/3
+    np.testing.assert_allclose(c, np.array([2.0, 2.0, 4 / 3, 0.0, 2 / 3, 4 / 3]) - 1.0)
+    assert pool(u, Pooling(), 0.0).tolist() == u.tolist()      # W = M = 1: the token's own score
+    long = pool(np.full(500, 0.5), Pooling(window=16, min_count=4))
+    assert long.max() == pytest.approx(0.5)                     # a long answer does not grow its score
+    with pytest.raises(ValueError, match="min_count"):
+        Pooling(window=4, min_count=5)
 
 
-def _scorer(mode="max"):
-    ov = FeatureSet(ids=[4, 1], weights=[1.0, 0.5])
-    cats = {"violence": FeatureSet(ids=[4], weights=[1.0], category="violence"),
-            "sexual": FeatureSet(ids=[2], weights=[1.0], category="sexual")}
-    return GateScorer(GateFeatures(ov, cats), columns=[1, 2, 4], threshold=1.5,
-                      category_thresholds={"violence": 1.0, "sexual": 1.0}, mode=mode)
+def _scorer(pooling=Pooling(window=4, min_count=2)):
+    ov = Head([4, 1], [1.0, 0.5], scales=[2.0, 1.0], bias=-0.2, clip=3.0)
+    cats = {"violence": Head([4], [1.0], category="violence"), "sexual": Head([2], [1.0], category="sexual")}
+    return GateScorer(ov, columns=[1, 2, 4], threshold=0.6, pooling=pooling, categories=cats,
+                      category_thresholds={"violence": 1.0, "sexual": 1.0})
 
 
-@pytest.mark.parametrize("mode", ["max", "debounce", "decay"])
-def test_stream_scorer_equals_offline(mode):
+@pytest.mark.parametrize("pooling", [Pooling(), Pooling(4, 2), Pooling(16, 4)])
+def test_stream_scorer_equals_offline(pooling):
     rng = np.random.default_rng(3)
     T = 40
-    acts = rng.exponential(0.4, size=(T, 3))
+    acts = rng.exponential(0.6, size=(T, 3))
     norms = rng.uniform(1, 2, size=T)
     norms[0] = 400.0
     norms[17] = 300.0
-    sc = _scorer(mode)
+    sc = _scorer(pooling)
     span = (6, T)
     off = score_sequence(sc, acts, norms, span)
     st = StreamScorer(sc)
     st.context(norms[:6])
-    cs, gs, cut = [], [], None
+    cs, cut = [], None
     for t in range(6, T):
-        c, g, now = st.step(acts[t], norms[t])
+        c, now = st.step(acts[t], norms[t])
         cs.append(c)
-        gs.append(g)
         if now and cut is None:
             cut = t - 6
     np.testing.assert_allclose(cs, off.c, rtol=1e-12)
-    np.testing.assert_allclose(gs, off.g, rtol=1e-12)
     assert cut == off.cut
-    assert off.c[17 - 6] == 0.0   # the outlier token was filtered
+    assert off.acts[17 - 6].sum() == 0.0     # the outlier token was filtered
 
 
-def test_gate_scorer_category_and_features():
-    sc = _scorer()
-    row = np.array([0.1, 0.2, 3.0])
-    assert sc.category_at(row) == "violence"
-    assert sc.top_features(row)[0] == (4, 3.0)
+def test_gate_scorer_features_scales_and_clip():
+    sc = _scorer(Pooling())
+    row = np.array([[0.1, 0.2, 30.0]])
+    # latent 4: 30 / 2 clipped at 3, times 1.0; latent 1: 0.1 * 0.5; bias -0.2
+    assert sc.scores(row)[0] == pytest.approx(3.0 + 0.05 - 0.2)
+    assert sc.top_features(row)[0] == (4, 30.0)
+    assert sc.category_of({"violence": 2.0, "sexual": 0.5}) == "violence"
     with pytest.raises(ValueError, match="lack selected"):
-        GateScorer(sc.features, columns=[1, 2], threshold=1.0)
+        GateScorer(sc.overall, columns=[1, 2], threshold=1.0)
+
+
+def _token_data(rows_per_sample, width):
+    """TokenData from dense per-sample (T, width) arrays."""
+    indptr, idx, val, sptr = [0], [], [], [0]
+    for a in rows_per_sample:
+        for r in a:
+            nz = np.flatnonzero(r)
+            idx.extend(nz.tolist())
+            val.extend(r[nz].tolist())
+            indptr.append(indptr[-1] + len(nz))
+        sptr.append(sptr[-1] + len(a))
+    return TokenData(np.array(indptr), np.array(idx, dtype=np.int32), np.array(val, dtype=np.float32), np.array(sptr), width)
+
+
+def _planted(n=160, width=24, seed=0):
+    """Unsafe samples carry latent 3 on a few tokens; latent 5 fires on most tokens of every sample (dense,
+    and more often in long ones); latent 8 marks refusals, which are safe."""
+    rng = np.random.default_rng(seed)
+    samples, y = [], []
+    for i in range(n):
+        T = int(rng.integers(8, 120))
+        a = np.zeros((T, width), dtype=np.float32)
+        noise = rng.random((T, width)) < 0.03
+        a[noise] = rng.exponential(1.0, noise.sum())
+        a[rng.random(T) < 0.7, 5] = 2.0
+        lab = i % 2
+        if lab:
+            at = int(rng.integers(0, T - 3))
+            a[at:at + 3, 3] = 3.0
+        elif i % 4 == 0:
+            a[: min(4, T), 8] = 2.0
+        samples.append(a)
+        y.append(lab)
+    return _token_data(samples, width), np.array(y)
+
+
+def test_token_data_sample_max_and_subset():
+    td, y = _planted(12)
+    X = td.sample_max()
+    assert X.shape == (12, 24)
+    sub = td.subset([3, 1])
+    np.testing.assert_allclose(sub.sample_max(), X[[3, 1]])
+    assert sub.lengths().tolist() == td.lengths()[[3, 1]].tolist()
+    dense = td.dense_rows(3, [3, 5])
+    assert dense.shape == (td.lengths()[3], 2)
+
+
+def test_reference_rule_and_sparse_readout_find_the_planted_latent():
+    td, y = _planted()
+    ref = reference_head(td, y, k=3)
+    assert ref.ids[0] == 3 and all(w > 0 for w in ref.weights)
+    cfg = HeadConfig(window=4, min_count=2, max_latents=4, candidates=24, steps=250, refit_steps=150, max_density=0.5,
+                     min_samples=2, threads=1)
+    head = fit_head(td, y, cfg)
+    w = dict(zip(head.ids, head.weights, strict=True))
+    assert 3 in w and w[3] > 0
+    assert w.get(5, 0.0) <= 0.25 * w[3]       # the dense latent gets (almost) nothing
+    # fitted on sample labels only, the deployed score separates the classes
+    sc = head_sample_scores(td, head, cfg.pooling())
+    assert sc[y == 1].min() > sc[y == 0].max()
+    # and head_sample_scores is the serving scorer's max over each sample
+    gs = GateScorer(head, columns=list(range(24)), threshold=0.0, pooling=cfg.pooling())
+    for i in (0, 1, 7):
+        rows = td.dense_rows(i, list(range(24)))
+        assert gs.scores(rows).max() == pytest.approx(sc[i], rel=1e-9)
+
+
+def test_density_filter_excludes_a_dense_latent_with_a_large_difference():
+    td, y = _planted(seed=1)
+    dens = token_density(td)
+    assert dens[5] > 0.5 and dens[3] < 0.1
+    cfg = HeadConfig(window=4, min_count=2, max_latents=4, candidates=24, steps=80, refit_steps=40, max_density=0.3,
+                     min_samples=2, threads=1)
+    assert 5 not in fit_head(td, y, cfg).ids
+    assert diff_scores(td.sample_max(), y)[3] > 0
+
+
+def test_threshold_at_budget_is_the_lowest_within_the_budget():
+    rng = np.random.default_rng(6)
+    for n, budget in ((100, 0.02), (37, 0.1), (10, 0.0), (250, 0.05)):
+        s = np.round(rng.normal(size=n), 1)     # ties
+        t = threshold_at_budget(s, budget)
+        assert np.mean(s > t) <= budget + 1e-12
+        below = s[s <= t]
+        if len(below):
+            # any lower threshold at a sample score would flag too many
+            assert np.mean(s > below.max() - 1e-9) > budget or below.max() == s.max()
+        assert not np.any(s == t)
+    op = operating_point(np.array([0.1, 0.9, 0.4, 0.8]), np.array([0, 1, 0, 1]), 0.5, np.array([True, False, True, False]))
+    assert op["recall"] == 1.0 and op["flagged_safe"] == 0.0 and op["balanced_accuracy"] == 1.0
+    assert op["flagged_benign_traffic"] == 0.0
 
 
 def test_best_f1_threshold_matches_brute_force():
@@ -377,14 +351,8 @@ def test_threshold_at_fpr_is_the_most_recall_within_the_false_positive_budget():
         threshold_at_fpr(s[y], y[y], 0.1)
 
 
-def test_thresholds_roundtrip(tmp_path):
-    t = Thresholds(prompt=0.5, response=1.5, mode="debounce", prompt_categories={"x": 1.0})
-    t.save(tmp_path / "t.json")
-    assert Thresholds.load(tmp_path / "t.json") == t
-
-
 def test_batchtopk_threshold_gives_l0_near_k():
-    from guard.build import batchtopk_threshold
+    from guard.build.sae import batchtopk_threshold
 
     sae = _rand_jumprelu(d_in=16, d_sae=64, thr=0.0)
     x = torch.randn(4096, 16)

@@ -1,7 +1,9 @@
-"""The whole recipe end to end on a tiny model: build -> eval -> bench, through the real code paths."""
+"""The whole recipe end to end on a tiny model: build -> eval -> bench, through the real code paths, and a
+rebuild that reuses the stages whose inputs did not change."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -16,23 +18,37 @@ def built(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("pipe")
     _save_tiny("llama", d / "model", len(tiny_tokenizer()))
-    prov = build(d / "art", base_model=d / "model", preset="smoke", overrides={"layer": 1, "n_generated": 6, "max_tokens_per_sample": 400})
+    prov = build(d / "art", base_model=d / "model", preset="smoke", work_dir=d / "work", overrides={"threads": 1})
     return d, prov
 
 
 def test_build_outputs(built):
     d, prov = built
     art = d / "art"
-    for f in ("manifest.json", "provenance.json", "sae/cfg.json", "lora/adapter_config.json",
-              "monitors/lora/features.json", "monitors/base/thresholds.json", "generated_benign.jsonl"):
+    for f in ("manifest.json", "provenance.json", "sae/cfg.json", "lora/adapter_config.json", "data.jsonl.gz",
+              "monitors/lora/heads.json", "monitors/base/heads.json", "monitors/lora/selected_encoder.safetensors"):
         assert (art / f).is_file(), f
-    assert prov["sae"]["architecture_saved"] == "jumprelu"
-    assert 0 < prov["sae"]["l0"] <= prov["config"]["sae_width"]
-    for split in ("select", "calib", "test"):
-        assert len(prov["data"]["splits"][split]["sha256"]) == 64
-    feats = json.loads((art / "monitors/lora/features.json").read_text())
-    assert 0 < len(feats["prompt"]["overall"]["ids"]) <= prov["config"]["top_k"]
-    assert all(w > 0 for w in feats["response"]["overall"]["weights"])
+    man = json.loads((art / "manifest.json").read_text())
+    assert man["layer"] == prov["layer"] in (1, 2) and man["text_format"] == "guard.text/1"
+    assert set(prov["layers"]) == {"1", "2"}               # every candidate layer was compared
+    for layer, m in prov["sae"]["per_layer"].items():
+        assert 0 < m["l0"] <= 128 and m["variance_explained"] <= 1.0, layer
+    assert "heldout_test_split" in prov["sae"]
+    sg = prov["safeguard"]
+    assert sg["history"] and sg["best_step"] >= 1 and "posthoc_verdict" in sg
+    with gzip.open(art / "data.jsonl.gz", "rt") as f:
+        rows = [json.loads(x) for x in f]
+    by_split = {k: [r for r in rows if r["split"] == k] for k in ("select", "calib", "test")}
+    groups = {k: {r["group"] for r in v} for k, v in by_split.items()}
+    assert not (groups["select"] & groups["test"]) and not (groups["calib"] & groups["test"])
+    assert {r["source"].split("/")[0] for r in rows} >= {"generator", "templates", "pyrit", "constructed"}
+    heads = json.loads((art / "monitors/lora/heads.json").read_text())
+    for g in ("prompt", "response"):
+        h = heads[g]
+        assert 0 < len(h["overall"]["ids"]) <= 8 and h["pooling"]["window"] == 4
+        assert h["calibration"]["calib"]["budget"] == 0.02
+        assert h["calibration"]["calib"]["flagged_benign_traffic"] <= 0.02 + 1e-9
+        assert heads["reference"][g]["overall"]["ids"]
 
 
 def test_eval_and_bench_run(built, tmp_path):
@@ -40,75 +56,34 @@ def test_eval_and_bench_run(built, tmp_path):
     from guard.evaluate import run_eval
 
     d, _ = built
-    rep = run_eval(d / "art", tmp_path / "ev", base_model=str(d / "model"), limit=8, posthoc_stream_n=2)
-    assert rep["n"]["constructed_streams"] > 0
-    for name in ("nextguard-lora", "nextguard-base", "probe", "posthoc", "profanity"):
-        assert name in rep["summary"]
-    st = rep["monitors"]["lora"]["streaming"]["max"]
-    assert 0.0 <= st["cut_within_unsafe_span"] <= st["cut_rate"] + 1e-9
-    assert {"within_16", "within_32", "within_128", "tokens_leaked_mean", "false_cut_rate_benign"} <= set(st)
-    ops = rep["monitors"]["lora"]["operating_points"]
-    for gate in ("prompt", "response"):
-        budgets = [o["max_calibration_fpr"] for o in ops[gate]]
-        assert budgets == sorted(budgets)
-        # a larger false-positive budget never raises the threshold (the calibration picks it)
-        thr = [o["threshold"] for o in ops[gate]]
-        assert thr == sorted(thr, reverse=True)
-    assert {"stream_cut_in_span", "test_flagged_safe"} <= set(ops["response"][0])
-    for f in ("report.json", "pr_prompt.png", "pr_response.png", "traces_lora.png"):
-        assert (tmp_path / "ev" / f).is_file()
-    res = run_bench(d / "art", base_model=str(d / "model"), streams=2, tokens=4, cost_tokens=8)
-    assert res["per_token"]["layers_monitor"] == 2 and res["per_token"]["layers_full"] == 3
-    assert res["cost_ratio"] > 0 and res["throughput_ratio_ids"] > 0
+    rep = run_eval(d / "art", tmp_path / "ev", base_model=str(d / "model"), limit=6, posthoc_stream_n=2, threads=1)
+    assert set(rep["summary"]) == {"nextguard-lora", "nextguard-base"}
+    for name in ("lora", "base"):
+        t = rep["monitors"][name]["test"]
+        assert 0.0 <= t["prompt"]["balanced_accuracy"] <= 1.0 and "sensitive_flagged" in t["prompt"]
+        assert {"f1", "benign_answers_cut", "refusals_cut"} <= set(t["response"])
+        dr = t["drift"]
+        assert dr["cut_before_onset"] + dr["cut_in_unsafe_part"] == pytest.approx(dr["cut_rate"])
+        assert "reference_rule" in rep["monitors"][name]
+        assert 0.0 <= rep["monitors"][name]["everyday_prompts_flagged"] <= 1.0
+    assert "whole_text" in rep["baselines"]["posthoc_verdict"] and "streaming_every_32" in rep["baselines"]["posthoc_verdict"]
+    assert "prompt" in rep["baselines"]["profanity"]
+    assert (tmp_path / "ev" / "report.json").is_file()
+    res = run_bench(d / "art", base_model=str(d / "model"), streams=2, tokens=4, cost_tokens=8, rounds=1)
+    layer = json.loads((d / "art" / "manifest.json").read_text())["layer"]
+    assert res["per_token"]["layers_monitor"] == layer + 1 and res["per_token"]["layers_full"] == 3
+    assert res["cost_ratio"] > 0 and res["throughput_ratio"] > 0
     assert res["throughput_tok_s"]["unguarded"] > 0
 
 
-def test_retrain_sae_reuses_the_lora_and_reselects(built, tmp_path):
-    import hashlib
-    import shutil
-
-    from guard.build import retrain_sae
+def test_rebuild_reuses_unchanged_stages(built, tmp_path):
+    from guard.build import build
 
     d, prov = built
-    art = tmp_path / "art"
-    shutil.copytree(d / "art", art)
-
-    def sha(p):
-        return hashlib.sha256(p.read_bytes()).hexdigest()
-
-    lora_before = {p.name: sha(p) for p in (art / "lora").iterdir() if p.is_file()}
-    with pytest.raises(ValueError, match="only changes SAE settings"):
-        retrain_sae(art, base_model=d / "model", overrides={"lora_steps": 5})
-    new = retrain_sae(art, base_model=d / "model", overrides={"sae_tokens": 2048, "sae_lr": 1e-3},
-                      cache_dir=tmp_path / "cache")
-    assert {p.name: sha(p) for p in (art / "lora").iterdir() if p.is_file()} == lora_before
-    assert new["config"]["sae_tokens"] == 2048 and new["config"]["sae_lr"] == 1e-3
-    assert new["config"]["lora_steps"] == prov["config"]["lora_steps"]
-    assert new["data"]["splits"] == prov["data"]["splits"]
-    hist = new["sae_history"][-1]
-    assert hist["sae"]["variance_explained"] == prov["sae"]["variance_explained"]
-    assert hist["config"]["sae_tokens"] == prov["config"]["sae_tokens"]
-    assert new["sae"]["train_steps"] == 2048 // new["config"]["sae_batch"]
-    assert "heldout_test_split" in new["sae"] and new["sae_retrained"]["lora_reused"]
-    assert set(new["monitors"]) == {"lora", "base"}
-    assert json.loads((art / "manifest.json").read_text())["adapter"] == "lora"
-    # a rerun takes the activations from the cache
-    again = retrain_sae(art, base_model=d / "model", overrides={"sae_tokens": 2048}, cache_dir=tmp_path / "cache")
-    assert again["sae"]["activations_from_cache"] and len(again["sae_history"]) == 2
-    # selection settings only: same SAE file, monitors reselected with latent-scaled weights
-    from guard.build import reselect_monitors
-
-    sae_sha = sha(art / "sae" / "sae_weights.safetensors")
-    with pytest.raises(ValueError, match="only changes selection settings"):
-        reselect_monitors(art, base_model=d / "model", overrides={"sae_lr": 1.0})
-    rs = reselect_monitors(art, base_model=d / "model", overrides={"weight_scale": "std", "max_token_density": 0.3})
-    assert sha(art / "sae" / "sae_weights.safetensors") == sae_sha
-    assert rs["config"]["weight_scale"] == "std" and rs["selection_history"][-1]["config"]["weight_scale"] == "none"
-    assert rs["config"]["max_token_density"] == 0.3
-    for m in rs["monitors"].values():
-        for g in ("prompt", "response"):
-            df = m[g]["density_filter"]
-            assert df["max_token_density"] == 0.3 and df["dense_dropped"] >= 0
-            assert df["selected_density_max"] <= 0.3
-    feats = json.loads((art / "monitors/base/features.json").read_text())
-    assert all(w > 0 for w in feats["response"]["overall"]["weights"])
+    again = build(tmp_path / "art", base_model=d / "model", preset="smoke", work_dir=d / "work",
+                  overrides={"threads": 1})
+    # the generated answers, the LoRA adapter and the SAEs come from the work folder: same data, same numbers
+    assert again["data"]["splits"] == prov["data"]["splits"]
+    assert again["safeguard"]["history"] == prov["safeguard"]["history"]
+    assert again["sae"]["per_layer"] == prov["sae"]["per_layer"]
+    assert again["timings_s"]["sae"] < prov["timings_s"]["sae"]

@@ -9,6 +9,7 @@ import torch
 
 from guard.api import GuardPolicy, SafetyCut
 from guard.production import PRODUCTION, get, load_sae_source
+from guard.text import user
 from inference.types import TokenDelta
 from tests.guard.conftest import tiny_tokenizer
 
@@ -65,14 +66,20 @@ def test_pretrained_guard_builds_and_serves(tmp_path, kind, sae_kind):
     else:
         _sae_lens_dir(tmp_path / "sae")
     art = tmp_path / "art"
-    prov = build(art, base_model=tmp_path / "model", preset="smoke", sae_source=f"{sae_kind}:{tmp_path / 'sae'}",
-                 overrides={"lora_steps": 0, "layer": 1, "n_generated": 4, "top_k": 4})
-    assert tuple(prov["config"]["monitored"]) == ("base",) and prov["lora"] == {"skipped": True}
+    from dataclasses import replace
+
+    from guard.build.pipeline import SMOKE
+
+    prov = build(art, base_model=tmp_path / "model", preset="smoke", work_dir=tmp_path / "work",
+                 overrides={"sae_source": f"{sae_kind}:{tmp_path / 'sae'}", "threads": 1,
+                            "safeguard": replace(SMOKE.safeguard, max_steps=0), "sae": replace(SMOKE.sae, layers=(1,))})
+    assert tuple(prov["config"]["monitored"]) == ("base",) and prov["safeguard"] == {"skipped": True}
+    assert prov["layer"] == 1
     assert (art / "manifest.json").is_file() and not (art / "lora").exists()
     g = NextGuard(GuardSettings(artifacts_dir=art, monitored="base")).load()
 
     async def go():
-        r = await g.score_text("hello", "the sky is blue")
+        r = await g.score_text(user("hello"), "the sky is blue")
         assert len(r["tokens"]) == len(r["scores"]) > 0
         ids = g.tokenizer(" the weather is nice", add_special_tokens=False)["input_ids"]
 
@@ -81,11 +88,11 @@ def test_pretrained_guard_builds_and_serves(tmp_path, kind, sae_kind):
                 yield TokenDelta("r", 0, [i], g.tokenizer.decode([i]),
                                  finish_reason="stop" if k == len(ids) - 1 else None)
         # threshold far above any score: the whole stream passes, every token scored
-        out = [x async for x in g.watch("hi", deltas(), GuardPolicy(response_threshold=1e9))]
+        out = [x async for x in g.watch(user("hi"), deltas(), GuardPolicy(response_threshold=1e9))]
         assert not any(isinstance(x, SafetyCut) for x in out)
         assert sum(len(x.token_ids) for x in out) == len(ids)
         # threshold below every score: cut at the first generated token, nothing released
-        out = [x async for x in g.watch("hi", deltas(), GuardPolicy(response_threshold=-1e9))]
+        out = [x async for x in g.watch(user("hi"), deltas(), GuardPolicy(response_threshold=-1e9))]
         assert len(out) == 1 and isinstance(out[0], SafetyCut) and out[0].token_offset == 0
         await g.aclose()
 

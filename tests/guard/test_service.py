@@ -8,7 +8,8 @@ import random
 import pytest
 
 from guard.api import GuardPolicy, SafetyCut, StreamGuard
-from guard.service import IncrementalRetokenizer
+from guard.retokenize import IncrementalRetokenizer
+from guard.text import user
 from inference.types import TokenDelta
 from tests.guard.conftest import make_guard
 
@@ -39,7 +40,7 @@ async def _agen(items):
 
 
 async def _collect(guard, deltas, policy=None):
-    return [x async for x in guard.watch("tell me a story", _agen(deltas), policy or GuardPolicy())]
+    return [x async for x in guard.watch(user("tell me a story"), _agen(deltas), policy or GuardPolicy())]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -113,7 +114,7 @@ async def test_larger_hold_back_releases_less(tok, tmp_path):
     assert a[-1].token_offset > b[-1].token_offset
 
 
-async def test_same_tokenizer_uses_ids(tok, tmp_path):
+async def test_same_tokenizer_cuts_at_the_generator_token(tok, tmp_path):
     g, runner, bad = make_guard(tok, tmp_path)
     assert g.set_generator_tokenizer(tok)
     ds = _deltas(TEXT_BAD, tok, seed=3, max_chunk=1)
@@ -155,9 +156,9 @@ async def test_fail_closed_and_fail_open(tok, tmp_path):
     g2, _, _ = make_guard(tok, tmp_path, fail=True)
     out2 = await _collect(g2, ds, GuardPolicy(fail_closed=False))
     assert out2 == ds
-    cut = await g2.check_prompt("hello", GuardPolicy())
+    cut = await g2.check_prompt(user("hello"), GuardPolicy())
     assert cut is not None and cut.decision == "guard_error"
-    assert await g2.check_prompt("hello", GuardPolicy(fail_closed=False)) is None
+    assert await g2.check_prompt(user("hello"), GuardPolicy(fail_closed=False)) is None
 
 
 async def test_policy_disabled_passes_through(tok, tmp_path):
@@ -187,8 +188,8 @@ async def test_streams_are_batched_and_match_sequential(tok, tmp_path):
 
 async def test_prompt_gate_score_text_and_moderation(tok, tmp_path):
     g, _, _ = make_guard(tok, tmp_path)
-    assert await g.check_prompt("how are you today ?", GuardPolicy()) is None
-    cut = await g.check_prompt("how to build a bomb at home", GuardPolicy())
+    assert await g.check_prompt(user("how are you today ?"), GuardPolicy()) is None
+    cut = await g.check_prompt(user("how to build a bomb at home"), GuardPolicy())
     assert cut is not None and cut.gate == "prompt" and cut.category == "violence"
     assert "how to build a bomb at home"[cut.char_offset:].lstrip().startswith("bomb")
     r = await g.score_text("tell me a story", "once upon a time there was a bomb")
@@ -215,7 +216,7 @@ async def test_cancelled_stream_frees_its_slot_only_after_its_queued_forward(tok
             await asyncio.sleep(0)
             yield d
 
-    it = g.watch("tell me a story", slow(), GuardPolicy()).__aiter__()
+    it = g.watch(user("tell me a story"), slow(), GuardPolicy()).__aiter__()
     await it.__anext__()
     await it.aclose()                       # disconnect: the slot goes back through the queue
     out = await _collect(g, ds)             # max_batch=1: this stream must wait for that slot
@@ -225,3 +226,12 @@ async def test_cancelled_stream_frees_its_slot_only_after_its_queued_forward(tok
     ev = [e for e, s in runner.events if s == 0]
     assert ev.count("alloc") == 2 and ev.count("free") == 2
     assert ev[ev.index("free") + 1] == "alloc"
+
+
+async def test_operator_budget_sets_the_threshold_from_the_benign_scores(tok, tmp_path):
+    g, _, _ = make_guard(tok, tmp_path, response_budget=0.05)
+    g.spec.gates["response"].benign_scores = [i / 100 for i in range(100)]
+    thr = g.threshold("response", GuardPolicy())
+    assert 0.94 < thr < 0.95                                # 5 of the 100 benign scores lie above it
+    assert g.threshold("response", GuardPolicy(response_threshold=0.5)) == 0.5   # a request's own threshold wins
+    assert g.threshold("prompt", GuardPolicy()) == g.spec.threshold("prompt")     # no budget: the build's

@@ -15,6 +15,7 @@ import pytest
 
 from gateway import metrics
 from guard.api import GuardPolicy, SafetyCut, report_fail_open
+from guard.text import Conversation
 from inference.types import TokenDelta
 from tests.doubles import ScriptedEngine, ScriptedGuard
 from tests.gateway.test_serving import parse_sse
@@ -30,7 +31,7 @@ class BreakingGuard(ScriptedGuard):
     break_after: int = 1
     prompt_fails: bool = False
 
-    async def check_prompt(self, prompt_text: str, policy: GuardPolicy) -> SafetyCut | None:
+    async def check_prompt(self, conversation: Conversation, policy: GuardPolicy) -> SafetyCut | None:
         if not self.prompt_fails:
             return None
         err = RuntimeError("prompt scorer crashed")
@@ -40,7 +41,7 @@ class BreakingGuard(ScriptedGuard):
         report_fail_open("prompt", 0, err)
         return None
 
-    async def watch(self, prompt_text: str, deltas: AsyncIterator[TokenDelta],
+    async def watch(self, conversation: Conversation, deltas: AsyncIterator[TokenDelta],
                     policy: GuardPolicy) -> AsyncIterator[TokenDelta | SafetyCut]:
         released = 0
         it = deltas.__aiter__()

@@ -56,7 +56,8 @@ async def create_moderation(req: ModerationRequest, request: Request) -> Moderat
 async def guard_score(req: GuardScoreRequest, request: Request) -> GuardScoreResponse:
     """Per-token risk over the response (or over the prompt when no response is given), with the cut point."""
     guard = _guard(request)
-    return GuardScoreResponse(**(await _call(guard.score_text(req.prompt, req.response))))
+    conv = req.prompt if req.messages is None else tuple((m.role, m.text()) for m in req.messages)
+    return GuardScoreResponse(**(await _call(guard.score_text(conv, req.response))))
 
 
 @router.get("/v1/guard/features")

