@@ -43,8 +43,9 @@ class GuardOverrides(OpenAIBaseModel):
     """Per-request guard policy (only narrows what the tenant policy allows)."""
 
     enabled: bool | None = None
-    prompt_threshold: float | None = Field(default=None, ge=0)
-    response_threshold: float | None = Field(default=None, ge=0)
+    # guard scores are pooled read-outs with a bias, so a threshold may be any finite number
+    prompt_threshold: float | None = Field(default=None, allow_inf_nan=False)
+    response_threshold: float | None = Field(default=None, allow_inf_nan=False)
     hold_back: int | None = Field(default=None, ge=1, le=64)
     include_scores: bool = Field(default=False, description="Attach per-token `risk` scores to streamed choices.")
 

@@ -61,8 +61,13 @@ class BuildConfig:
     # a pretrained SAE instead of training one (guard.production.load_sae_source: dictionary_learning:<dir>,
     # sae_lens:<dir or release@id>, or a production name); its layer is the single entry of sae.layers
     sae_source: str | None = None
-    dtype: str = "bfloat16"
+    # the monitored network's dtype at build and (by default) at serve time; bf16 only where it is native
+    dtype: str = "float32"
     threads: int = 2
+    # at most this many samples per split and gate are encoded for fitting read-outs and thresholds (None:
+    # all), drawn at random within each (gate, label, source); the calibration split's benign traffic is kept
+    # whole so that a 2 % budget is set on enough samples
+    fit_samples: int | None = None
 
 
 CPU = BuildConfig()
@@ -213,6 +218,25 @@ def _split_by_gate(samples: list[Sample]) -> dict[str, list[Sample]]:
     return {g: [s for s in samples if s.gate == g] for g in GATES}
 
 
+def _fit_subset(samples: list[Sample], n: int | None, seed: int, keep_benign: bool) -> list[Sample]:
+    """At most ``n`` samples, drawn at random within each (label, source) in proportion to its size; with
+    ``keep_benign`` the benign traffic stays whole (the budget threshold is a quantile of it) and the rest
+    gets at least ``n // 2``."""
+    if n is None or len(samples) <= n:
+        return samples
+    rng = np.random.default_rng(seed)
+    kept = [i for i, s in enumerate(samples) if keep_benign and is_benign_traffic(s)]
+    rest = [i for i in range(len(samples)) if not (keep_benign and is_benign_traffic(samples[i]))]
+    room = max(n - len(kept), n // 2)       # the flagged classes still need enough samples for recall
+    strata: dict[tuple[int, str], list[int]] = {}
+    for i in rest:
+        strata.setdefault((samples[i].label, samples[i].source), []).append(i)
+    for idx in strata.values():
+        take = int(round(room * len(idx) / max(len(rest), 1)))
+        kept += [idx[j] for j in rng.choice(len(idx), min(take, len(idx)), replace=False)]
+    return [samples[i] for i in sorted(kept)]
+
+
 def _guard_texts(samples: list[Sample]) -> list[str]:
     return [(prompt_text(s.conv) if s.response is None else response_text(s.conv, s.response)).text for s in samples]
 
@@ -343,7 +367,8 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
 
     # 4. activations of select/calib (and test, for the SAE's held-out numbers) on every candidate layer
     t = time.time()
-    by_sel, by_cal = _split_by_gate(sel), _split_by_gate(cal)
+    by_sel = {g: _fit_subset(v, cfg.fit_samples, cfg.seed, keep_benign=False) for g, v in _split_by_gate(sel).items()}
+    by_cal = {g: _fit_subset(v, cfg.fit_samples, cfg.seed + 1, keep_benign=True) for g, v in _split_by_gate(cal).items()}
     enc = {name: {g: _encoded(work, f"lora-{sae_key}-{name}-{g}", lora, tok, saes, part[g], cfg)
                   for g in GATES} for name, part in (("select", by_sel), ("calib", by_cal))}
     timings["encode_lora"] = time.time() - t
@@ -352,19 +377,22 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     # 5. layer choice: the default read-out on each layer, compared on the calibration split
     t = time.time()
     layer_report: dict[str, Any] = {}
-    for layer in cfg.sae.layers:
+    for layer in cfg.sae.layers if len(cfg.sae.layers) > 1 else ():
         fits, rep = fit_monitor({g: enc["select"][g][layer] for g in GATES}, by_sel,
                                 {g: enc["calib"][g][layer] for g in GATES}, by_cal, cfg, grid=False)
         layer_report[str(layer)] = {g: {"recall": fits[g].calib["recall"], "average_precision": fits[g].calib["average_precision"],
                                         "flagged_benign_traffic": fits[g].calib["flagged_benign_traffic"]} for g in GATES}
     chosen = max(cfg.sae.layers, key=lambda L: (np.mean([layer_report[str(L)][g]["recall"] for g in GATES]),
-                                                np.mean([layer_report[str(L)][g]["average_precision"] for g in GATES])))
+                                                np.mean([layer_report[str(L)][g]["average_precision"] for g in GATES]))
+                 ) if layer_report else cfg.sae.layers[0]
     timings["layer_choice"] = time.time() - t
     log.info("layer choice: %s -> %d", layer_report, chosen)
 
     # 6. the monitors at the chosen layer
     monitors: dict[str, Any] = {}
     sae = saes[chosen]
+    if (out / "monitors").exists():          # a previous build's monitors must not outlive it
+        shutil.rmtree(out / "monitors")
     for name in cfg.monitored:
         t = time.time()
         if name == "lora" or "lora" not in cfg.monitored:

@@ -43,7 +43,7 @@ class SAEConfig:
     transcript_share: float = 0.35    # the served model's conversations in the guard format
     sample_share: float = 0.15        # other guard-format samples (prompts, human-written responses)
     threads: int = 2
-    autocast: bool = True             # bf16 matmuls in SAE training (fp32 weights and optimizer state)
+    autocast: bool = False            # bf16 matmuls in SAE training; only pays off where bf16 is native (GPU, AMX)
 
 
 class _Stop(Exception):

@@ -13,10 +13,8 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 USER = [{"role": "user", "content": "Name three colours."}]
-# These tests pin the serving spine (protocol, sampling, usage, abort). The monitor is switched off per
-# request (the embedded default allows it) so a guard verdict cannot change the text they compare;
-# guarded streams are covered in test_guard_e2e.py and by `nextguard guard eval`.
-NO_GUARD = {"guard": {"enabled": False}}
+# These tests pin the serving spine (protocol, sampling, usage, abort) with the guard on and the default
+# policy, as a client meets it: the benign requests they send must come through untouched.
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +35,6 @@ def test_stream_yields_text_and_finish(server: str, model_id: str) -> None:
     client = openai.OpenAI(base_url=server + "/v1", api_key="x")
     stream = client.chat.completions.create(
         model=model_id, messages=USER, stream=True, max_tokens=24, temperature=0, stream_options={"include_usage": True},
-        extra_body=NO_GUARD,
     )
     text, finish, usage = "", None, None
     for chunk in stream:
@@ -53,7 +50,7 @@ def test_stream_yields_text_and_finish(server: str, model_id: str) -> None:
 
 def test_non_stream_usage_matches_tokenizer(server: str, model_id: str, tokenizer) -> None:  # type: ignore[no-untyped-def]
     client = openai.OpenAI(base_url=server + "/v1", api_key="x")
-    r = client.chat.completions.create(model=model_id, messages=USER, max_tokens=16, temperature=0, logprobs=True, extra_body=NO_GUARD)
+    r = client.chat.completions.create(model=model_id, messages=USER, max_tokens=16, temperature=0, logprobs=True)
     prompt_ids = tokenizer.apply_chat_template(USER, add_generation_prompt=True, tokenize=True)
     if hasattr(prompt_ids, "keys"):
         prompt_ids = prompt_ids["input_ids"]
@@ -69,26 +66,26 @@ def test_non_stream_usage_matches_tokenizer(server: str, model_id: str, tokenize
 
 def test_max_tokens_gives_length(server: str, model_id: str) -> None:
     client = openai.OpenAI(base_url=server + "/v1", api_key="x")
-    r = client.chat.completions.create(model=model_id, messages=USER, max_tokens=3, temperature=0, extra_body=NO_GUARD)
+    r = client.chat.completions.create(model=model_id, messages=USER, max_tokens=3, temperature=0)
     assert r.choices[0].finish_reason == "length"
     assert r.usage is not None and r.usage.completion_tokens == 3
 
 
 def test_stop_sequence(server: str, model_id: str) -> None:
     client = openai.OpenAI(base_url=server + "/v1", api_key="x")
-    base = client.chat.completions.create(model=model_id, messages=USER, max_tokens=24, temperature=0, extra_body=NO_GUARD)
+    base = client.chat.completions.create(model=model_id, messages=USER, max_tokens=24, temperature=0)
     full = base.choices[0].message.content or ""
     words = re.findall(r"[A-Za-z]{4,}", full)
     assert words, full
     stop = words[1] if len(words) > 1 else words[0]
-    r = client.chat.completions.create(model=model_id, messages=USER, max_tokens=24, temperature=0, stop=[stop], extra_body=NO_GUARD)
+    r = client.chat.completions.create(model=model_id, messages=USER, max_tokens=24, temperature=0, stop=[stop])
     assert r.choices[0].finish_reason == "stop"
     assert r.choices[0].message.content == full[: full.index(stop)]
 
 
 def test_completions_echo_logprobs_for_lm_eval(server: str, model_id: str) -> None:
     client = openai.OpenAI(base_url=server + "/v1", api_key="x")
-    r = client.completions.create(model=model_id, prompt="The capital of France is Paris", max_tokens=0, echo=True, logprobs=1, extra_body=NO_GUARD)
+    r = client.completions.create(model=model_id, prompt="The capital of France is Paris", max_tokens=0, echo=True, logprobs=1)
     lp = r.choices[0].logprobs
     assert r.choices[0].text == "The capital of France is Paris"
     assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None
@@ -98,8 +95,8 @@ def test_completions_echo_logprobs_for_lm_eval(server: str, model_id: str) -> No
 
 def test_seeded_sampling_is_reproducible(server: str, model_id: str) -> None:
     client = openai.OpenAI(base_url=server + "/v1", api_key="x")
-    a = client.chat.completions.create(model=model_id, messages=USER, max_tokens=12, temperature=1.0, seed=7, n=2, extra_body=NO_GUARD)
-    b = client.chat.completions.create(model=model_id, messages=USER, max_tokens=12, temperature=1.0, seed=7, n=2, extra_body=NO_GUARD)
+    a = client.chat.completions.create(model=model_id, messages=USER, max_tokens=12, temperature=1.0, seed=7, n=2)
+    b = client.chat.completions.create(model=model_id, messages=USER, max_tokens=12, temperature=1.0, seed=7, n=2)
     assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
     assert len(a.choices) == 2
 
@@ -113,7 +110,7 @@ async def test_seeded_requests_beyond_one_step_budget_keep_the_engine_alive(serv
 
     async def one(i: int) -> str:
         r = await client.completions.create(
-            model=model_id, prompt=f"{i}: {text}", max_tokens=2, temperature=1.0, seed=i, extra_body=NO_GUARD
+            model=model_id, prompt=f"{i}: {text}", max_tokens=2, temperature=1.0, seed=i
         )
         return r.choices[0].finish_reason
 
@@ -133,7 +130,7 @@ async def test_disconnect_aborts_engine_request(server: str, model_id: str) -> N
     assert _running(server) == 0
     client = openai.AsyncOpenAI(base_url=server + "/v1", api_key="x")
     stream = await client.chat.completions.create(
-        model=model_id, messages=USER, stream=True, max_tokens=900, temperature=1.0, extra_body={"ignore_eos": True, **NO_GUARD}
+        model=model_id, messages=USER, stream=True, max_tokens=900, temperature=1.0, extra_body={"ignore_eos": True}
     )
     got = 0
     async for _ in stream:
