@@ -459,7 +459,8 @@ def test_stream_cut_is_marked_with_category_and_features(open_page: Any, server:
 def test_prompt_gate_refusal_is_marked(open_page: Any, server: str) -> None:
     _guard_ready(server)
     pg = open_page(server)
-    turn = _send(pg, UNSAFE)          # the default policy refuses a plainly harmful request
+    # a request may tighten the prompt gate; far below any score, it refuses this prompt before generation
+    turn = _send(pg, UNSAFE, prompt_threshold="-1000")
     _shot(pg, "chat-refused.png")
     assert turn.get_attribute("data-state") == "refused", turn.inner_text()
     card = turn.locator(".cut-card")
