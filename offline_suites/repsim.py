@@ -4,9 +4,15 @@ arXiv 2505.13899; code lizeyu090312/ReprSimCauses — reimplemented from the des
 Track V (worker-trained): MLPs on sklearn digits trained on controlled *dataset overlaps* (the
 repo's constrained split: model A's data is fixed, model B shares round(f·N) examples per class),
 compared with mutual-kNN (k = 10) and linear CKA on held-out penultimate features, plus MI-FGSM
-transfer attacks from A to B. Track L (served model internals): per-layer similarity of the served
-model (loaded from the inference layer's HF folder) to the safeguard model (the same base with the
+transfer attacks from A to B. The paper's findings (more overlap → more similar representations →
+better transfer) are claims with verdicts; the hard checks gate what must hold of the suite's own
+output: the splits, the metrics' invariances, trained models that beat chance by far, and an attack
+that fools the model it was computed on. ``null_method`` leaves every MLP untrained.
+
+Track L is a guard diagnostic, not part of the paper: per-layer similarity of the served model
+(loaded from the inference layer's HF folder) to the safeguard model (the same base with the
 guard's LoRA adapter merged, when an adapter is configured) and to a randomly initialised control.
+It reports, and never gates.
 """
 
 from __future__ import annotations
@@ -20,11 +26,13 @@ import numpy as np
 
 from offline_suites.base import (
     Check,
+    Claim,
     RunContext,
     SuiteResult,
     check_close,
     check_cmp,
     check_equal,
+    claim,
     set_threads,
 )
 from offline_suites.registry import register_suite
@@ -46,6 +54,9 @@ class Config:
     llm_knn_k: int = 5
     safeguard_adapter: str = ""      # LoRA folder of the guard's safeguard model ("" = none configured)
     guard_layer: int = 15            # the layer the guard reads (guard BuildConfig.layer)
+    min_accuracy: float = 0.8        # every trained MLP must reach this held-out accuracy (chance: 0.1)
+    min_white_box_asr: float = 0.5   # MI-FGSM must fool model A on at least this share of its correct inputs
+    null_method: bool = False        # leave every MLP untrained (random init): the checks must notice
 
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
@@ -113,7 +124,7 @@ def _train_mlp(x: np.ndarray, y: np.ndarray, cfg: Config, seed: int, n_out: int 
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
     xt, yt = torch.tensor(x, dtype=torch.float32), torch.tensor(y)
     g = torch.Generator().manual_seed(seed)
-    for _ in range(cfg.epochs):
+    for _ in range(0 if cfg.null_method else cfg.epochs):
         perm = torch.randperm(len(xt), generator=g)
         for i in range(0, len(xt), cfg.batch):
             j = perm[i:i + cfg.batch]
@@ -156,7 +167,7 @@ def _predict(net: Any, x: np.ndarray) -> np.ndarray:
         return net(torch.tensor(x, dtype=torch.float32)).argmax(1).numpy()
 
 
-def _track_v(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict[str, Any]]:
+def _track_v(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], list[Claim], dict[str, Any]]:
     from scipy.stats import spearmanr
     from sklearn.datasets import load_digits
 
@@ -170,7 +181,8 @@ def _track_v(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict
     xt, yt, xp, yp = x_all[test], y_all[test], x_all[pool], y_all[pool]
     checks: list[Check] = []
     rows = []
-    white_box: dict[int, list[float]] = {}
+    white_box: list[float] = []
+    acc_a: list[float] = []
     total = cfg.seeds * len(cfg.overlaps)
     done = 0
     for s in range(cfg.seeds):
@@ -180,7 +192,9 @@ def _track_v(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict
         fa = l2n(_features(net_a, xt))
         ok_a = _predict(net_a, xt) == yt
         adv = _mi_fgsm(net_a, xt, yt, cfg)
-        wb = float(np.mean(_predict(net_a, adv)[ok_a] != yt[ok_a]))
+        wb = float(np.mean(_predict(net_a, adv)[ok_a] != yt[ok_a])) if ok_a.any() else 0.0
+        white_box.append(wb)
+        acc_a.append(float(np.mean(ok_a)))
         for f in cfg.overlaps:
             ctx.progress(0.05 + 0.55 * done / total, f"Track V seed {s} overlap {f}")
             done += 1
@@ -197,32 +211,43 @@ def _track_v(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict
             net_b = _train_mlp(xp[b_idx], yp[b_idx], cfg, split_seed + 1)
             fb = l2n(_features(net_b, xt))
             ok = ok_a & (_predict(net_b, xt) == yt)
-            asr = float(np.mean(_predict(net_b, adv)[ok] != yt[ok]))
+            asr = float(np.mean(_predict(net_b, adv)[ok] != yt[ok])) if ok.any() else 0.0
             rows.append({"seed": s, "overlap": f, "mutual_knn": mutual_knn(fa, fb, cfg.knn_k), "cka": linear_cka(fa, fb),
                          "transfer_asr": asr, "white_box_asr": wb,
                          "acc_b": float(np.mean(_predict(net_b, xt) == yt))})
-            white_box.setdefault(s, []).append(wb)
     per_f = {}
     for f in cfg.overlaps:
         sel = [r for r in rows if r["overlap"] == f]
         per_f[str(f)] = {k: float(np.mean([r[k] for r in sel])) for k in ("mutual_knn", "cka", "transfer_asr", "acc_b")}
     fs = [r["overlap"] for r in rows]
     rho = {k: float(spearmanr(fs, [r[k] for r in rows]).statistic) for k in ("mutual_knn", "cka", "transfer_asr")}
-    checks.append(check_cmp("spearman_overlap_vs_mutual_knn", "soft", rho["mutual_knn"], ">", 0.5,
-                            "paper: more dataset overlap → more similar representations"))
-    checks.append(check_cmp("spearman_overlap_vs_transfer_asr", "soft", rho["transfer_asr"], ">", 0.3,
-                            "paper: more similarity → adversarial examples transfer better"))
-    checks.append(check_equal("white_box_asr_constant_in_f", "hard", True,
-                              all(len(set(v)) == 1 for v in white_box.values()),
-                              "model A is fixed by construction, so its white-box ASR cannot move with f"))
-    metrics: dict[str, Any] = {"per_overlap": per_f, "spearman": rho, "runs": rows}
+    # gates on the method's output: an untrained MLP sits at chance and its features are noise, so
+    # nothing downstream (similarity, transfer) would mean anything
+    worst_acc = min(acc_a + [r["acc_b"] for r in rows])
+    checks.append(check_cmp("trained_models_beat_chance", "hard", worst_acc, ">=", cfg.min_accuracy,
+                            "lowest held-out accuracy over every model A and B (chance 0.1)"))
+    checks.append(check_cmp("white_box_attack_fools_model_a", "hard", min(white_box), ">=", cfg.min_white_box_asr,
+                            f"lowest MI-FGSM success on A itself (ε={cfg.attack_eps}) over seeds; "
+                            "transfer is measured against this"))
+    # the transfer rate can only be read against the source's own rate
+    checks.append(check_cmp("transfer_asr_below_white_box", "soft",
+                            max(r["transfer_asr"] - r["white_box_asr"] for r in rows), "<=", 0.0,
+                            "examples crafted on A fool B at most as often as A"))
+    claims = [claim("overlap_raises_mutual_knn", "more dataset overlap → more similar representations (mutual kNN)",
+                    rho["mutual_knn"], ">", 0.5, "Spearman ρ of overlap f vs mutual kNN over all runs"),
+              claim("overlap_raises_cka", "more dataset overlap → more similar representations (linear CKA)",
+                    rho["cka"], ">", 0.5, "Spearman ρ of overlap f vs CKA over all runs"),
+              claim("overlap_raises_transfer_asr", "more overlap (similarity) → adversarial examples transfer better",
+                    rho["transfer_asr"], ">", 0.3, "Spearman ρ of overlap f vs transfer ASR over all runs")]
+    metrics: dict[str, Any] = {"per_overlap": per_f, "spearman": rho, "runs": rows, "white_box_asr": white_box,
+                               "acc_a": acc_a}
     if cfg.task_overlap:
         metrics["task_overlap"] = _task_overlap(ctx, cfg, seed, xp, yp, xt, yt)
         t = metrics["task_overlap"]
         fmin, fmax = str(min(cfg.overlaps[1:] or cfg.overlaps)), str(max(cfg.overlaps))
-        checks.append(Check("task_overlap_mutual_knn_high_vs_low", "soft", "mkNN(f=1) > mkNN(f=min>0)",
-                            [t[fmin], t[fmax]], 0, t[fmax] > t[fmin]))
-    return checks, metrics
+        claims.append(claim("task_overlap_raises_mutual_knn", "more shared classes → more similar representations",
+                            t[fmax] - t[fmin], ">", 0.0, f"mkNN(f={fmax}) − mkNN(f={fmin}) on the shared classes"))
+    return checks, claims, metrics
 
 
 def _task_overlap(ctx: RunContext, cfg: Config, seed: int, xp: np.ndarray, yp: np.ndarray, xt: np.ndarray,
@@ -314,7 +339,7 @@ def _track_l(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict
                                                      for a, b in zip(hs, hr, strict=True)]}
     g = min(cfg.guard_layer + 1, len(hs) - 1)   # hidden_states[L + 1] = residual after block L
     out["served_guard_layer_vs_all_layers_cka"] = [linear_cka(hs[g], h) for h in hs]
-    checks: list[Check] = [check_close("track_l_self_similarity", "hard", 1.0, linear_cka(hs[g], hs[g]), 1e-9)]
+    checks: list[Check] = []
     adapter = Path(cfg.safeguard_adapter) if cfg.safeguard_adapter else None
     if adapter is not None and adapter.exists():
         from peft import PeftModel
@@ -338,12 +363,12 @@ def _track_l(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict
     return checks, out
 
 
-@register_suite("repsim", version=1, config=Config)
+@register_suite("repsim", version=2, config=Config, null_method="every MLP is left at its random initialisation")
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)
     rng = np.random.default_rng(seed)
     checks = _metric_unit_checks(rng, config.knn_k)
-    c, tv = _track_v(ctx, config, seed)
+    c, claims, tv = _track_v(ctx, config, seed)
     checks += c
     metrics: dict[str, Any] = {"track_v": tv}
     if config.llm_texts > 0:
@@ -371,4 +396,4 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
                                                    "transfer_asr": [0.333, 0.493]},
                  "verified_against_paper": False}
     ctx.progress(1.0, "done")
-    return ctx.result(metrics, reference, checks)
+    return ctx.result(metrics, reference, checks, claims=claims)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import pytest
 
@@ -25,7 +26,47 @@ def test_builtin_set_is_exact() -> None:
 def test_duplicate_name_raises() -> None:
     suite = get_suite("cgm")
     with pytest.raises(DuplicateSuiteError, match="already registered"):
-        register_suite("cgm", version=1, config=suite.config_cls)(lambda ctx, c, s: None)
+        register_suite("cgm", version=1, config=suite.config_cls, null_method="x")(lambda ctx, c, s: None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NoNull:
+    steps: int = 1
+    SMOKE: ClassVar[_NoNull]
+    FULL: ClassVar[_NoNull]
+
+
+_NoNull.SMOKE = _NoNull()
+_NoNull.FULL = _NoNull(steps=2)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NullOnByDefault:
+    null_method: bool = False
+    SMOKE: ClassVar[_NullOnByDefault]
+    FULL: ClassVar[_NullOnByDefault]
+
+
+_NullOnByDefault.SMOKE = _NullOnByDefault()
+_NullOnByDefault.FULL = _NullOnByDefault(null_method=True)
+
+
+def test_null_method_is_required() -> None:
+    # a suite without a null variant cannot be mutation-tested, so it cannot register
+    with pytest.raises(TypeError, match="needs a field `null_method: bool = False`"):
+        register_suite("no-null", version=1, config=_NoNull, null_method="untrained")
+    with pytest.raises(TypeError, match="needs a field `null_method: bool = False`"):
+        register_suite("null-on", version=1, config=_NullOnByDefault, null_method="untrained")
+    with pytest.raises(TypeError, match="null_method must say"):
+        register_suite("no-text", version=1, config=get_suite("cgm").config_cls, null_method=" ")
+    assert "no-null" not in {s.name for s in list_suites()}
+
+
+def test_every_suite_declares_its_null_method() -> None:
+    for s in list_suites():
+        if s.fn.__module__ in BUILTIN_MODULES:
+            assert s.null_method and s.info()["null_method"] == s.null_method, s.name
+            assert build_config(s.config_cls, "smoke", {"null_method": True}).null_method is True
 
 
 def test_unknown_name_suggests() -> None:
