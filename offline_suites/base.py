@@ -186,8 +186,39 @@ def build_config(config_cls: type, preset: str, overrides: dict[str, Any] | None
             raise ConfigError(f"config field {key!r} expects {type(default).__name__}, got {value!r}")
         if isinstance(default, float) and isinstance(value, int):
             value = float(value)
+        check_bounds(config_cls, key, value)
         clean[key] = value
     return dataclasses.replace(base, **clean)
+
+
+def _numbers(value: Any) -> list[float] | None:
+    """The numbers in a numeric field (a scalar or a tuple of them); None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return [value]
+    if isinstance(value, tuple) and value and all(isinstance(v, int | float) and not isinstance(v, bool)
+                                                  for v in value):
+        return list(value)
+    return None
+
+
+def numeric_fields(config_cls: type) -> list[str]:
+    """Fields whose SMOKE value is a number or a tuple of numbers: each needs bounds."""
+    smoke = config_cls.SMOKE  # type: ignore[attr-defined]
+    return [f.name for f in dataclasses.fields(config_cls) if _numbers(getattr(smoke, f.name)) is not None]
+
+
+def check_bounds(config_cls: type, key: str, value: Any) -> None:
+    """``Config.BOUNDS[key] = (lo, hi)``: every number of the field in [lo, hi]. A run requested
+    through the API must not be able to ask for a billion epochs or a negative sample count."""
+    bounds: dict[str, tuple[float, float]] = getattr(config_cls, "BOUNDS", {})
+    nums = _numbers(value)
+    if key not in bounds or nums is None:
+        return
+    lo, hi = bounds[key]
+    if any(not (math.isfinite(v) and lo <= v <= hi) for v in nums):
+        raise ConfigError(f"config field {key!r} must be within [{lo:g}, {hi:g}], got {value!r}")
 
 
 @dataclass(slots=True)

@@ -49,6 +49,13 @@ class Config:
     max_violation_share: float = 0.1   # relax at the smallest λ: violation ≤ this × the base's
     max_kl_share: float = 0.5          # relax at the smallest λ: KL(pθ‖p*) ≤ this × KL(p_b‖p*)
     null_method: bool = False          # both trainers return the base model: the gates must fail
+    # exact enumeration of V^L sequences: 8^6 = 262,144 is the most we let a request ask for
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "seq_len": (1, 6), "vocab": (2, 8), "hidden": (1, 1024), "base_temperature": (0.01, 100.0),
+        "lambdas": (1e-8, 1e4), "reward_ns": (10, 10_000_000), "epochs": (0, 100_000), "batch": (2, 100_000),
+        "lr": (1e-6, 1.0), "estimator_replicates": (2, 10_000_000), "estimator_batch": (2, 100_000),
+        "audit_samples": (0, 10_000), "audit_target": (0.0, 1.0), "audit_max_tokens": (1, 4096),
+        "max_violation_share": (0.0, 1.0), "max_kl_share": (0.0, 1.0)}
 
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]

@@ -67,6 +67,12 @@ class Config:
     pbs_backend: str = "reference"   # SMOKE: the fp64 oracle (no compile); FULL: "auto" = the served path
     llm_probe_prompts: int = 4    # served-engine batch-invariance probe (0 = skip)
     null_method: bool = False     # sums rounded once instead of left to right: the gates must fail
+    # seq_len ≥ 3: the random permutations must be able to avoid the identity and the (1 2) swap
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "n_blocks": (1, 100), "n_inputs": (1, 256), "n_perms": (1, 100), "seq_len": (3, 64), "d_model": (1, 64),
+        "d_head": (1, 64), "n_heads": (1, 16), "d_ff": (1, 256), "sum_lemma_pairs": (1, 100_000),
+        "kernel_seq_len": (2, 8192), "kernel_heads": (1, 64), "kernel_head_dim": (1, 256), "kernel_trials": (1, 100),
+        "llm_probe_prompts": (0, 64)}
 
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]

@@ -52,6 +52,11 @@ class Config:
     llm_tree_degree: int = 2                             # continents per tree question
     max_error_share_of_chance: float = 0.5               # trained sphere error ≤ this × (1 − 1/m)
     null_method: bool = False                            # sphere classifiers stay untrained
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "dims": (1, 16), "classes": (2, 5000), "hidden": (1, 4096), "train_steps": (0, 100_000),
+        "batch": (1, 65_536), "lr": (1e-6, 1.0), "test_samples": (1, 1_000_000),
+        "llm_ks": (2, 121), "llm_questions": (1, 121),          # 121 countries in data/capitals.json
+        "llm_tree_k": (2, 64), "llm_tree_degree": (2, 8), "max_error_share_of_chance": (0.0, 1.0)}
 
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]

@@ -64,7 +64,7 @@ def register_suite(
     ``null_method`` says what ``config.null_method = True`` replaces the suite's method with."""
     import dataclasses
 
-    from offline_suites.base import Suite
+    from offline_suites.base import ConfigError, Suite, check_bounds, numeric_fields
 
     if not isinstance(version, int) or version < 1:
         raise ValueError(f"suite {name!r}: version must be a positive int, got {version!r}")
@@ -78,6 +78,16 @@ def register_suite(
                                           for p in ("SMOKE", "FULL")):
         raise TypeError(f"suite {name!r}: {config.__name__} needs a field `null_method: bool = False` "
                         "(False in SMOKE and FULL) that swaps the method for its null variant")
+    unbounded = sorted(set(numeric_fields(config)) - set(getattr(config, "BOUNDS", {})))
+    if unbounded:
+        raise TypeError(f"suite {name!r}: {config.__name__}.BOUNDS lacks (lo, hi) for numeric fields "
+                        f"{', '.join(unbounded)}")
+    for preset in ("SMOKE", "FULL"):
+        for key in numeric_fields(config):
+            try:
+                check_bounds(config, key, getattr(getattr(config, preset), key))
+            except ConfigError as exc:
+                raise TypeError(f"suite {name!r}: {config.__name__}.{preset}: {exc}") from None
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         doc = description or (fn.__module__ and (importlib.import_module(fn.__module__).__doc__ or ""))

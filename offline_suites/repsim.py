@@ -57,6 +57,11 @@ class Config:
     min_accuracy: float = 0.8        # every trained MLP must reach this held-out accuracy (chance: 0.1)
     min_white_box_asr: float = 0.5   # MI-FGSM must fool model A on at least this share of its correct inputs
     null_method: bool = False        # leave every MLP untrained (random init): the checks must notice
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "overlaps": (0.0, 1.0), "seeds": (1, 100), "holdout": (50, 1500),   # sklearn digits has 1,797 images
+        "epochs": (0, 1000), "batch": (1, 4096), "lr": (1e-6, 1.0), "knn_k": (1, 100), "attack_eps": (0.0, 1.0),
+        "attack_steps": (1, 1000), "llm_texts": (0, 4096), "llm_knn_k": (1, 100), "guard_layer": (0, 1000),
+        "min_accuracy": (0.0, 1.0), "min_white_box_asr": (0.0, 1.0)}
 
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]

@@ -52,6 +52,9 @@ class Config:
     llm_max_tokens: int = 64
     sandbox_timeout_s: float = 20.0
     null_method: bool = False        # a judge that credits every non-empty answer: the gates must fail
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "dialogues": (1, 1000), "years": (1900, 2100), "llm_dialogues": (0, 1000), "llm_turns": (1, 4),
+        "llm_max_steps": (0, 100), "llm_max_tokens": (1, 4096), "sandbox_timeout_s": (1.0, 600.0)}
 
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]

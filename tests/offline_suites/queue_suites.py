@@ -19,6 +19,8 @@ class QConfig:
     sleep_s: float = 0.0
     marker: str = ""
     null_method: bool = False
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {"value": (-1e9, 1e9), "steps": (0, 100_000),
+                                                        "sleep_s": (0.0, 60.0)}
 
     SMOKE: ClassVar[QConfig]
     FULL: ClassVar[QConfig]
