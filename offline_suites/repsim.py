@@ -55,7 +55,7 @@ class Config:
     safeguard_adapter: str = ""      # LoRA folder of the guard's safeguard model ("" = none configured)
     guard_layer: int = 15            # the layer the guard reads (guard BuildConfig.layer)
     min_accuracy: float = 0.8        # every trained MLP must reach this held-out accuracy (chance: 0.1)
-    min_white_box_asr: float = 0.5   # MI-FGSM must fool model A on at least this share of its correct inputs
+    min_white_box_asr: float = 0.25  # MI-FGSM must fool model A on at least this share of its correct inputs
     null_method: bool = False        # leave every MLP untrained (random init): the checks must notice
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "overlaps": (0.0, 1.0), "seeds": (1, 100), "holdout": (50, 1500),   # sklearn digits has 1,797 images
