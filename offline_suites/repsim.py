@@ -92,6 +92,52 @@ def mutual_knn(x: np.ndarray, y: np.ndarray, k: int) -> float:
     return float(np.mean([len(set(a[i]) & set(b[i])) / k for i in range(x.shape[0])]))
 
 
+def _hsic(k: np.ndarray, m: np.ndarray) -> float:
+    """Biased HSIC of two kernel matrices: tr(K H M H) / (n − 1)²."""
+    n = k.shape[0]
+    h = np.eye(n) - 1.0 / n
+    return float(np.trace(k @ h @ m @ h) / (n - 1) ** 2)
+
+
+def cknna(x: np.ndarray, y: np.ndarray, k: int) -> float:
+    """CKA restricted to mutual k-nearest-neighbour pairs (platonic-rep's CKNNA): HSIC of the linear
+    kernels masked to the pairs that are neighbours in both spaces, normalised by the self terms."""
+    kx, ky = x @ x.T, y @ y.T
+
+    def masked(a: np.ndarray, b: np.ndarray) -> float:
+        # neighbours by kernel value (the most similar j ≠ i), as in the reference implementation
+        def nn_mask(g: np.ndarray) -> np.ndarray:
+            g = g.copy()
+            np.fill_diagonal(g, -np.inf)
+            idx = np.argsort(-g, axis=1, kind="stable")[:, :k]
+            mask = np.zeros_like(g)
+            np.put_along_axis(mask, idx, 1.0, axis=1)
+            return mask
+        mask = nn_mask(a) * nn_mask(b)
+        return _hsic(mask * a, mask * b)
+
+    den = math.sqrt(max(masked(kx, kx) * masked(ky, ky), 0.0))
+    return masked(kx, ky) / den if den > 0 else float("nan")
+
+
+def svcca(x: np.ndarray, y: np.ndarray, keep: float = 0.99) -> float:
+    """SVCCA: project each representation on the top singular directions that keep ``keep`` of
+    its variance, then the mean canonical correlation between the two projections."""
+    def reduce(z: np.ndarray) -> np.ndarray:
+        z = z - z.mean(0)
+        u, sv, _ = np.linalg.svd(z, full_matrices=False)
+        var = np.cumsum(sv ** 2) / max(float(np.sum(sv ** 2)), 1e-300)
+        r = int(np.searchsorted(var, keep) + 1)
+        return u[:, :r] * sv[:r]
+
+    a, b = reduce(x), reduce(y)
+    # canonical correlations = singular values of Qa^T Qb for orthonormal bases of the two spans
+    qa, _ = np.linalg.qr(a)
+    qb, _ = np.linalg.qr(b)
+    rho = np.linalg.svd(qa.T @ qb, compute_uv=False)
+    return float(np.mean(np.clip(rho, 0.0, 1.0)))
+
+
 def l2n(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
@@ -218,14 +264,17 @@ def _track_v(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], list
             ok = ok_a & (_predict(net_b, xt) == yt)
             asr = float(np.mean(_predict(net_b, adv)[ok] != yt[ok])) if ok.any() else 0.0
             rows.append({"seed": s, "overlap": f, "mutual_knn": mutual_knn(fa, fb, cfg.knn_k), "cka": linear_cka(fa, fb),
+                         "cknna": cknna(fa, fb, cfg.knn_k), "svcca": svcca(fa, fb),
                          "transfer_asr": asr, "white_box_asr": wb,
                          "acc_b": float(np.mean(_predict(net_b, xt) == yt))})
     per_f = {}
     for f in cfg.overlaps:
         sel = [r for r in rows if r["overlap"] == f]
-        per_f[str(f)] = {k: float(np.mean([r[k] for r in sel])) for k in ("mutual_knn", "cka", "transfer_asr", "acc_b")}
+        per_f[str(f)] = {k: float(np.mean([r[k] for r in sel]))
+                         for k in ("mutual_knn", "cka", "cknna", "svcca", "transfer_asr", "acc_b")}
     fs = [r["overlap"] for r in rows]
-    rho = {k: float(spearmanr(fs, [r[k] for r in rows]).statistic) for k in ("mutual_knn", "cka", "transfer_asr")}
+    rho = {k: float(spearmanr(fs, [r[k] for r in rows]).statistic)
+           for k in ("mutual_knn", "cka", "cknna", "svcca", "transfer_asr")}
     # gates on the method's output: an untrained MLP sits at chance and its features are noise, so
     # nothing downstream (similarity, transfer) would mean anything
     worst_acc = min(acc_a + [r["acc_b"] for r in rows])
@@ -242,6 +291,10 @@ def _track_v(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], list
                     rho["mutual_knn"], ">", 0.5, "Spearman ρ of overlap f vs mutual kNN over all runs"),
               claim("overlap_raises_cka", "more dataset overlap → more similar representations (linear CKA)",
                     rho["cka"], ">", 0.5, "Spearman ρ of overlap f vs CKA over all runs"),
+              claim("overlap_raises_cknna", "more dataset overlap → more similar representations (CKNNA)",
+                    rho["cknna"], ">", 0.5, "Spearman ρ of overlap f vs CKNNA over all runs"),
+              claim("overlap_raises_svcca", "more dataset overlap → more similar representations (SVCCA)",
+                    rho["svcca"], ">", 0.5, "Spearman ρ of overlap f vs SVCCA over all runs"),
               claim("overlap_raises_transfer_asr", "more overlap (similarity) → adversarial examples transfer better",
                     rho["transfer_asr"], ">", 0.3, "Spearman ρ of overlap f vs transfer ASR over all runs")]
     metrics: dict[str, Any] = {"per_overlap": per_f, "spearman": rho, "runs": rows, "white_box_asr": white_box,
@@ -289,6 +342,16 @@ def _metric_unit_checks(rng: np.random.Generator, k: int) -> list[Check]:
         check_close("cka_orthogonal_invariance", "hard", 1.0, linear_cka(x, x @ q), 1e-9),
         check_close("cka_isotropic_scale_invariance", "hard", linear_cka(x, x @ q), linear_cka(3.7 * x, x @ q), 1e-9),
         check_close("mutual_knn_self", "hard", 1.0, mutual_knn(x, x, k), 0.0),
+        check_close("cknna_self", "hard", 1.0, cknna(x, x, k), 1e-9),
+        check_close("cknna_orthogonal_invariance", "hard", 1.0, cknna(x, x @ q, k), 1e-9),
+        check_cmp("cknna_independent_gaussians_low", "hard", abs(cknna(a, b, k)), "<", 0.2,
+                  "independent representations share few neighbours and no kernel structure"),
+        # CCA is invariant to any invertible linear map, not only to rotations (keep = 1: no SVD cut,
+        # which would drop different directions of the two spectra)
+        check_close("svcca_invertible_map_invariance", "hard", 1.0, svcca(x, x @ (q + 0.5 * np.eye(32)), keep=1.0),
+                    1e-9),
+        check_cmp("svcca_independent_gaussians_below_one", "hard", svcca(a, b), "<", 0.5,
+                  "16 + 16 independent Gaussian dimensions over 300 points"),
         check_close("mutual_knn_independent_gaussians", "hard", p, mutual_knn(a, b, k), 5 * sd,
                     f"E = k/(n−1) = {p:.4f}; tolerance 5σ of the hypergeometric mean"),
     ]
