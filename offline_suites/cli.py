@@ -117,6 +117,10 @@ def _run(args: argparse.Namespace) -> int:
         for c in body["checks"]:
             mark = "PASS" if c["passed"] else "FAIL"
             _out(f"{mark} {c['kind']:<4} {c['name']}: observed={c['observed']} expected={c['expected']}")
+        for c in body["claims"]:
+            obs, margin = (("n/a" if v is None else f"{v:.4g}") for v in (c["observed"], c["margin"]))
+            _out(f"CLAIM {c['verdict']}: {c['name']}: {c['statement']} "
+                 f"(observed {obs} {c['direction']} {c['threshold']:.4g}, margin {margin})")
         _out(f"artifacts in {out}")
     _out(json.dumps(body))
     return 0 if result.hard_passed else 1

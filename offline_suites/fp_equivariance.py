@@ -6,8 +6,15 @@ The reference model follows the paper's set-up as transcribed in suites-fulltext
 round-to-nearest-even formats F_{p,q}, correctly rounded ⊕ ⊗ ⊘ exp, **left-associative** sums
 over tokens, no positional encoding. Theorem 4 (π_(1,2)-equivariance), Theorem 5 (equal tokens →
 equal outputs), Lemma 6 (additive PE is not injective) and the mechanism of Theorem 2 ((α, β)-
-similar inputs stay similar once α ≥ 3·2^p, β−α ≥ 6·2^p) are hard checks; everything about our
-kernels is informational.
+similar inputs stay similar once α ≥ 3·2^p, β−α ≥ 6·2^p) are checked on it.
+
+What gates is what depends on the left-to-right rounded sums, the paper's mechanism: some
+permutation other than (1 2) changes some output (Theorem 1's mechanism), the sum lemma at the
+bound, and Theorem 2 on constructed inputs; plus the emulator against hardware casts. Theorems 4
+and 5 hold for any symmetric-in-(1 2) reduction, so they are soft; Lemma 6 and the visibility of
+counts below the bound are claims. ``null_method`` replaces every left sum by the float64 sum
+rounded once (order-free arithmetic), which must fail the gates. Everything about our kernels and
+the served engine is informational.
 """
 
 from __future__ import annotations
@@ -18,7 +25,16 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from offline_suites.base import Check, RunContext, SuiteResult, check_cmp, check_equal, set_threads
+from offline_suites.base import (
+    Check,
+    Claim,
+    RunContext,
+    SuiteResult,
+    check_cmp,
+    check_equal,
+    claim,
+    set_threads,
+)
 from offline_suites.registry import register_suite
 
 # (p mantissa bits without the hidden bit, q exponent bits). E4M3 is the paper's IEEE-like variant
@@ -50,6 +66,13 @@ class Config:
     kernel_trials: int = 2
     pbs_backend: str = "reference"   # SMOKE: the fp64 oracle (no compile); FULL: "auto" = the served path
     llm_probe_prompts: int = 4    # served-engine batch-invariance probe (0 = skip)
+    null_method: bool = False     # sums rounded once instead of left to right: the gates must fail
+    # seq_len ≥ 3: the random permutations must be able to avoid the identity and the (1 2) swap
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "n_blocks": (1, 100), "n_inputs": (1, 256), "n_perms": (1, 100), "seq_len": (3, 64), "d_model": (1, 64),
+        "d_head": (1, 64), "n_heads": (1, 16), "d_ff": (1, 256), "sum_lemma_pairs": (1, 100_000),
+        "kernel_seq_len": (2, 8192), "kernel_heads": (1, 64), "kernel_head_dim": (1, 256), "kernel_trials": (1, 100),
+        "llm_probe_prompts": (0, 64)}
 
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
@@ -68,8 +91,9 @@ class FPFormat:
     float64 exp then rounded; it can differ from a correctly rounded exp in rare near-ties (noted).
     """
 
-    def __init__(self, name: str, p: int, q: int) -> None:
+    def __init__(self, name: str, p: int, q: int, exact_sums: bool = False) -> None:
         self.name, self.p, self.q = name, p, q
+        self.exact_sums = exact_sums      # the null arithmetic: a sum is rounded once, in any order
         self.emin = -(2 ** (q - 1)) + 2
         self.emax = 2 ** (q - 1) - 1
         self.omega = (2.0 - 2.0 ** -p) * 2.0 ** self.emax
@@ -107,14 +131,18 @@ class FPFormat:
             return self.rnd(np.exp(a))
 
 
-def fmt(name: str) -> FPFormat:
+def fmt(name: str, exact_sums: bool = False) -> FPFormat:
     p, q = FORMATS[name]
-    return FPFormat(name, p, q)
+    return FPFormat(name, p, q, exact_sums)
 
 
 def left_sum(f: FPFormat, terms: np.ndarray, axis: int) -> np.ndarray:
     """x₁ ⊕ x₂ ⊕ … ⊕ xₙ, left-associative along ``axis`` (the paper's sum)."""
     t = np.moveaxis(terms, axis, 0)
+    if f.exact_sums:
+        # sorted so the float64 reduction cannot depend on the order of the terms either
+        with np.errstate(invalid="ignore", over="ignore"):
+            return f.rnd(np.sort(t, axis=0).sum(axis=0))
     acc = t[0]
     for k in range(1, t.shape[0]):
         acc = f.add(acc, t[k])
@@ -253,11 +281,9 @@ def _sum_lemma(f: FPFormat, rng: np.random.Generator, pairs: int, alpha: int, ga
     """How many random (a, b) satisfy  α·a then gap·b  ==  (α−1)·a then (gap+1)·b  (left sums)."""
     a = f.rnd(rng.uniform(-0.1, 0.1, pairs))
     b = f.rnd(rng.uniform(-0.1, 0.1, pairs))
-    s1 = np.zeros(pairs)
-    s2 = np.zeros(pairs)
-    for i in range(alpha + gap):
-        s1 = f.add(s1, a if i < alpha else b)
-        s2 = f.add(s2, a if i < alpha - 1 else b)
+    n = alpha + gap
+    s1 = left_sum(f, np.stack([a if i < alpha else b for i in range(n)]), axis=0)
+    s2 = left_sum(f, np.stack([a if i < alpha - 1 else b for i in range(n)]), axis=0)
     return int(bit_equal(s1, s2).sum())
 
 
@@ -266,7 +292,7 @@ def _reference_model(ctx: RunContext, cfg: Config, rng: np.random.Generator) -> 
     metrics: dict[str, Any] = {}
     n, d = cfg.seq_len, cfg.d_model
     for fname in cfg.formats:
-        f = fmt(fname)
+        f = fmt(fname, cfg.null_method)
         swap_viol = perm_viol = perm_total = eq_viol = eq_total = 0
         for _ in range(cfg.n_blocks):
             ctx.check_cancelled()
@@ -297,9 +323,11 @@ def _reference_model(ctx: RunContext, cfg: Config, rng: np.random.Generator) -> 
                             eq_viol += int(not bit_equal(yd[b, :, i], yd[b, :, j]).all())
         metrics[f"{fname}_perm_violation_rate"] = perm_viol / perm_total
         metrics[f"{fname}_equal_token_consistency"] = 1 - eq_viol / eq_total
-        checks.append(check_equal(f"thm4_swap12_equivariance_{fname}", "hard", 0, swap_viol,
+        # both hold for any reduction that treats the first two terms symmetrically, so they cannot
+        # tell the paper's arithmetic from exact arithmetic: diagnostics, not gates
+        checks.append(check_equal(f"thm4_swap12_equivariance_{fname}", "soft", 0, swap_viol,
                                   "output elements that differ after swapping tokens 1 and 2"))
-        checks.append(check_equal(f"thm5_equal_token_consistency_{fname}", "hard", 1.0, 1 - eq_viol / eq_total))
+        checks.append(check_equal(f"thm5_equal_token_consistency_{fname}", "soft", 1.0, 1 - eq_viol / eq_total))
     low_p = [fn for fn in cfg.formats if FORMATS[fn][0] <= 10]
     worst = max((metrics[f"{fn}_perm_violation_rate"] for fn in low_p), default=float("nan"))
     checks.append(check_cmp("thm1_order_dependence_exists", "hard", worst, ">", 0.0,
@@ -308,13 +336,15 @@ def _reference_model(ctx: RunContext, cfg: Config, rng: np.random.Generator) -> 
     return checks, metrics
 
 
-def _similarity_checks(ctx: RunContext, cfg: Config, rng: np.random.Generator) -> tuple[list[Check], dict[str, Any]]:
+def _similarity_checks(ctx: RunContext, cfg: Config, rng: np.random.Generator
+                       ) -> tuple[list[Check], list[Claim], dict[str, Any]]:
     checks: list[Check] = []
+    claims: list[Claim] = []
     metrics: dict[str, Any] = {}
     d = cfg.d_model
     for fname in cfg.similar_formats:
         ctx.check_cancelled()
-        f = fmt(fname)
+        f = fmt(fname, cfg.null_method)
         alpha, gap, tail = 3 * 2 ** f.p, 6 * 2 ** f.p, 3
         beta = alpha + gap
         z1, z2 = f.rnd(rng.normal(0, 1, d)), f.rnd(rng.normal(0, 1, d))
@@ -334,10 +364,11 @@ def _similarity_checks(ctx: RunContext, cfg: Config, rng: np.random.Generator) -
         ys = np.concatenate([np.repeat(z1[:, None], a_s - 1, 1), np.repeat(z2[:, None], g_s + 1, 1), rest], 1)[None]
         visible = bool(not bit_equal(blk(f, xs)[0], blk(f, ys)[0]).all())
         metrics[f"{fname}_small_count_visible"] = visible
-        checks.append(Check(f"small_count_changes_output_{fname}", "soft", True, visible, 0, visible,
-                            "far below the Theorem-2 bound, moving one token from z1 to z2 changes f"))
+        claims.append(claim(f"small_count_changes_output_{fname}", "far below the Theorem-2 bound, moving one "
+                            "token from z1 to z2 changes the output", float(visible), ">=", 1.0,
+                            f"1 if f(X) ≠ f(Y) at α = {a_s}, β − α = {g_s}"))
     for fname in ("e5m2", "e4m3", "bf16", "fp16"):
-        f = fmt(fname)
+        f = fmt(fname, cfg.null_method)
         same = _sum_lemma(f, rng, cfg.sum_lemma_pairs, 3 * 2 ** f.p, 6 * 2 ** f.p)
         metrics[f"{fname}_sum_lemma_equal_fraction"] = same / cfg.sum_lemma_pairs
         checks.append(check_equal(f"sum_lemma_at_bound_{fname}", "hard", cfg.sum_lemma_pairs, same,
@@ -346,9 +377,10 @@ def _similarity_checks(ctx: RunContext, cfg: Config, rng: np.random.Generator) -
         metrics[f"{fname}_sum_lemma_equal_fraction_below"] = below / cfg.sum_lemma_pairs
         # Theorem 3's side: at short lengths the count still reaches the sum (the two orders differ
         # for most (a, b)), which is what lets small-n transformers represent counting.
-        checks.append(check_cmp(f"count_visible_below_bound_{fname}", "soft", below / cfg.sum_lemma_pairs, "<", 0.5,
-                                "α = β−α = 2^(p−1): share of (a, b) whose two sums coincide"))
-    return checks, metrics
+        claims.append(claim(f"count_visible_below_bound_{fname}", "Theorem 3's side: at short lengths the count "
+                            "still reaches the sum", below / cfg.sum_lemma_pairs, "<", 0.5,
+                            "α = β−α = 2^(p−1): share of (a, b) whose two sums coincide"))
+    return checks, claims, metrics
 
 
 def _kernel_audit(ctx: RunContext, cfg: Config, seed: int) -> dict[str, Any]:
@@ -421,17 +453,28 @@ def _kernel_audit(ctx: RunContext, cfg: Config, seed: int) -> dict[str, Any]:
     return out
 
 
+_PROBE_TOPICS = ("the number after {i} is", "a word that rhymes with cat is", "the colour of the sky at noon is",
+                 "the opposite of cold is", "the capital of Italy is", "a baby dog is called a")
+
+
 def _engine_batch_probe(ctx: RunContext, cfg: Config) -> dict[str, Any]:
-    """Served-engine logprobs of a continuation scored alone vs. alongside other requests."""
-    prompts = [f"Fact {i}: the number after {i} is" for i in range(cfg.llm_probe_prompts)]
-    alone = [ctx.llm.continuation_logprobs(p, [f" {i + 1}"])[0] for i, p in enumerate(prompts)]
-    together = ctx.llm.continuation_logprobs("Fact 0: the number after 0 is", [" 1"] * cfg.llm_probe_prompts)
-    return {"engine_batch_nonbitwise_frac": float(np.mean([t != alone[0] for t in together])),
-            "engine_batch_max_abs_dev": float(max(abs(t - alone[0]) for t in together)),
+    """Batch invariance of the served engine: different prompts (different lengths) scored one at a
+    time, then all in flight at once so the engine batches them; per prompt, is the logprob the same?"""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [f"Fact {i}: " + _PROBE_TOPICS[i % len(_PROBE_TOPICS)].format(i=i) for i in range(cfg.llm_probe_prompts)]
+    conts = [f" {i + 1}" if i % len(_PROBE_TOPICS) == 0 else " the" for i in range(len(prompts))]
+    alone = [ctx.llm.continuation_logprobs(p, [c])[0] for p, c in zip(prompts, conts, strict=True)]
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        together = list(pool.map(lambda pc: ctx.llm.continuation_logprobs(pc[0], [pc[1]])[0],
+                                 zip(prompts, conts, strict=True)))
+    return {"engine_batch_nonbitwise_frac": float(np.mean([t != a for t, a in zip(together, alone, strict=True)])),
+            "engine_batch_max_abs_dev": float(max(abs(t - a) for t, a in zip(together, alone, strict=True))),
             "engine_scored_prompts": len(alone)}
 
 
-@register_suite("fp-equivariance", version=1, config=Config)
+@register_suite("fp-equivariance", version=2, config=Config,
+                null_method="every sum is the float64 sum rounded once (order-free arithmetic)")
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)
     rng = np.random.default_rng(seed)
@@ -444,11 +487,16 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
 
     ctx.progress(0.15, "Lemma 6: additive PE collisions on the fp16 grid")
     emu, nat = _pe_collisions()
-    for key, expected in PE_REFERENCE.items():
-        checks.append(check_equal(f"lemma6_pe_distinct_outputs_c={key}", "hard", expected, emu[key],
-                                  "distinct fl16(x + c) over all finite fp16 x (reference measured with numpy)"))
-        checks.append(check_equal(f"lemma6_emulator_vs_numpy_c={key}", "hard", nat[key], emu[key]))
-    metrics["fp16_pe_collisions"] = {k: PE_REFERENCE["0"] - v for k, v in emu.items()}
+    claims: list[Claim] = []
+    for key in PE_REFERENCE:
+        # the emulator's fp16 rounding is already checked exhaustively above, so comparing it with
+        # numpy again here would gate nothing new; the lemma itself is the claim
+        checks.append(check_equal(f"lemma6_emulator_vs_numpy_c={key}", "soft", nat[key], emu[key]))
+        if key != "0":
+            claims.append(claim(f"lemma6_additive_pe_not_injective_c={key}", "Lemma 6: x ↦ x ⊕ c is not injective on "
+                                "the fp16 grid", emu[key], "<", emu["0"],
+                                f"distinct fl16(x + c) over all {emu['0']} finite fp16 x"))
+    metrics["fp16_pe_collisions"] = {k: emu["0"] - v for k, v in emu.items()}
 
     ctx.progress(0.25, "counting horizons")
     horizons = {name: _counting_horizon(fmt(name)) for name in FORMATS}
@@ -462,8 +510,9 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     checks += c
     metrics.update(m)
     ctx.progress(0.6, "Theorem 2 mechanism")
-    c, m = _similarity_checks(ctx, config, rng)
+    c, cl, m = _similarity_checks(ctx, config, rng)
     checks += c
+    claims += cl
     metrics.update(m)
     ctx.progress(0.8, "kernel audit")
     metrics["kernel_audit"] = _kernel_audit(ctx, config, seed)
@@ -480,4 +529,4 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     }
     ctx.save_json("fp_equivariance_metrics.json", metrics)
     ctx.progress(1.0, "done")
-    return ctx.result(metrics, reference, checks, uses_llm=uses_llm)
+    return ctx.result(metrics, reference, checks, claims=claims, uses_llm=uses_llm)

@@ -4,7 +4,8 @@ Usage::
 
     from offline_suites.registry import register_suite, get_suite, list_suites
 
-    @register_suite("my-suite", version=1, config=Config)
+    @register_suite("my-suite", version=1, config=Config,
+                    null_method="the classifier is left untrained")
     def run(ctx, config, seed): ...
 
     get_suite("my-suite").run_preset("smoke", seed=0)
@@ -12,6 +13,11 @@ Usage::
 Built-in suites register by an explicit import list (:data:`BUILTIN_MODULES`) that is imported
 on first lookup, so importing this module stays cheap (no torch) and a test can assert the exact
 built-in set. Duplicate names raise; unknown names answer "Did you mean …? Available: …".
+
+Every suite declares a *null method*: a bool ``null_method`` config field (False in both presets)
+that swaps the suite's core method for a null one (untrained, identity, random, or the baseline
+itself), and a sentence saying what that null is. The contract test runs SMOKE with it and expects
+a hard check to fail; a suite whose checks pass whatever its method does measures nothing.
 """
 
 from __future__ import annotations
@@ -51,23 +57,45 @@ class DuplicateSuiteError(ValueError):
 
 
 def register_suite(
-    name: str, version: int, *, config: type, description: str | None = None
+    name: str, version: int, *, config: type, null_method: str, description: str | None = None
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``run(ctx, config, seed) -> SuiteResult`` under ``name`` (decorator)."""
-    from offline_suites.base import Suite
+    """Register ``run(ctx, config, seed) -> SuiteResult`` under ``name`` (decorator).
+
+    ``null_method`` says what ``config.null_method = True`` replaces the suite's method with."""
+    import dataclasses
+
+    from offline_suites.base import ConfigError, Suite, check_bounds, numeric_fields
 
     if not isinstance(version, int) or version < 1:
         raise ValueError(f"suite {name!r}: version must be a positive int, got {version!r}")
     for preset in ("SMOKE", "FULL"):
         if not isinstance(getattr(config, preset, None), config):
             raise TypeError(f"suite {name!r}: {config.__name__}.{preset} must be a {config.__name__} instance")
+    if not isinstance(null_method, str) or not null_method.strip():
+        raise TypeError(f"suite {name!r}: null_method must say what the null variant of the method is")
+    fields = {f.name: f for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) else {}
+    if "null_method" not in fields or any(getattr(config, p).null_method is not False
+                                          for p in ("SMOKE", "FULL")):
+        raise TypeError(f"suite {name!r}: {config.__name__} needs a field `null_method: bool = False` "
+                        "(False in SMOKE and FULL) that swaps the method for its null variant")
+    unbounded = sorted(set(numeric_fields(config)) - set(getattr(config, "BOUNDS", {})))
+    if unbounded:
+        raise TypeError(f"suite {name!r}: {config.__name__}.BOUNDS lacks (lo, hi) for numeric fields "
+                        f"{', '.join(unbounded)}")
+    for preset in ("SMOKE", "FULL"):
+        for key in numeric_fields(config):
+            try:
+                check_bounds(config, key, getattr(getattr(config, preset), key))
+            except ConfigError as exc:
+                raise TypeError(f"suite {name!r}: {config.__name__}.{preset}: {exc}") from None
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         doc = description or (fn.__module__ and (importlib.import_module(fn.__module__).__doc__ or ""))
         text = (doc or "").strip().split("\n\n")[0].replace("\n", " ")
         if text.startswith(f"{name}:"):
             text = text[len(name) + 1:].strip()
-        suite = Suite(name=name, version=version, config_cls=config, fn=fn, description=text)
+        suite = Suite(name=name, version=version, config_cls=config, fn=fn, description=text,
+                      null_method=null_method.strip())
         with _lock:
             if name in _suites:
                 raise DuplicateSuiteError(

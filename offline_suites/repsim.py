@@ -4,9 +4,15 @@ arXiv 2505.13899; code lizeyu090312/ReprSimCauses — reimplemented from the des
 Track V (worker-trained): MLPs on sklearn digits trained on controlled *dataset overlaps* (the
 repo's constrained split: model A's data is fixed, model B shares round(f·N) examples per class),
 compared with mutual-kNN (k = 10) and linear CKA on held-out penultimate features, plus MI-FGSM
-transfer attacks from A to B. Track L (served model internals): per-layer similarity of the served
-model (loaded from the inference layer's HF folder) to the safeguard model (the same base with the
+transfer attacks from A to B. The paper's findings (more overlap → more similar representations →
+better transfer) are claims with verdicts; the hard checks gate what must hold of the suite's own
+output: the splits, the metrics' invariances, trained models that beat chance by far, and an attack
+that fools the model it was computed on. ``null_method`` leaves every MLP untrained.
+
+Track L is a guard diagnostic, not part of the paper: per-layer similarity of the served model
+(loaded from the inference layer's HF folder) to the safeguard model (the same base with the
 guard's LoRA adapter merged, when an adapter is configured) and to a randomly initialised control.
+It reports, and never gates.
 """
 
 from __future__ import annotations
@@ -20,11 +26,13 @@ import numpy as np
 
 from offline_suites.base import (
     Check,
+    Claim,
     RunContext,
     SuiteResult,
     check_close,
     check_cmp,
     check_equal,
+    claim,
     set_threads,
 )
 from offline_suites.registry import register_suite
@@ -46,6 +54,14 @@ class Config:
     llm_knn_k: int = 5
     safeguard_adapter: str = ""      # LoRA folder of the guard's safeguard model ("" = none configured)
     guard_layer: int = 15            # the layer the guard reads (guard BuildConfig.layer)
+    min_accuracy: float = 0.8        # every trained MLP must reach this held-out accuracy (chance: 0.1)
+    min_white_box_asr: float = 0.25  # MI-FGSM must fool model A on at least this share of its correct inputs
+    null_method: bool = False        # leave every MLP untrained (random init): the checks must notice
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "overlaps": (0.0, 1.0), "seeds": (1, 100), "holdout": (50, 1500),   # sklearn digits has 1,797 images
+        "epochs": (0, 1000), "batch": (1, 4096), "lr": (1e-6, 1.0), "knn_k": (1, 100), "attack_eps": (0.0, 1.0),
+        "attack_steps": (1, 1000), "llm_texts": (0, 4096), "llm_knn_k": (1, 100), "guard_layer": (0, 1000),
+        "min_accuracy": (0.0, 1.0), "min_white_box_asr": (0.0, 1.0)}
 
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
@@ -74,6 +90,55 @@ def mutual_knn(x: np.ndarray, y: np.ndarray, k: int) -> float:
     """Mean |kNN_x(i) ∩ kNN_y(i)| / k over points (platonic-rep alignment)."""
     a, b = _knn(x, k), _knn(y, k)
     return float(np.mean([len(set(a[i]) & set(b[i])) / k for i in range(x.shape[0])]))
+
+
+def _hsic(k: np.ndarray, m: np.ndarray) -> float:
+    """Biased HSIC of two kernel matrices: tr(K H M H) / (n − 1)², computed as Σ (HKH) ⊙ (HMH)ᵀ (H
+    is idempotent), O(n²) instead of the O(n³) products. The transpose matters: kNN-masked kernels
+    are not symmetric."""
+    def center(g: np.ndarray) -> np.ndarray:
+        return g - g.mean(0, keepdims=True) - g.mean(1, keepdims=True) + g.mean()
+    n = k.shape[0]
+    return float(np.sum(center(k) * center(m).T) / (n - 1) ** 2)
+
+
+def cknna(x: np.ndarray, y: np.ndarray, k: int) -> float:
+    """CKA restricted to mutual k-nearest-neighbour pairs (platonic-rep's CKNNA): HSIC of the linear
+    kernels masked to the pairs that are neighbours in both spaces, normalised by the self terms."""
+    kx, ky = x @ x.T, y @ y.T
+
+    def masked(a: np.ndarray, b: np.ndarray) -> float:
+        # neighbours by kernel value (the most similar j ≠ i), as in the reference implementation
+        def nn_mask(g: np.ndarray) -> np.ndarray:
+            g = g.copy()
+            np.fill_diagonal(g, -np.inf)
+            idx = np.argsort(-g, axis=1, kind="stable")[:, :k]
+            mask = np.zeros_like(g)
+            np.put_along_axis(mask, idx, 1.0, axis=1)
+            return mask
+        mask = nn_mask(a) * nn_mask(b)
+        return _hsic(mask * a, mask * b)
+
+    den = math.sqrt(max(masked(kx, kx) * masked(ky, ky), 0.0))
+    return masked(kx, ky) / den if den > 0 else float("nan")
+
+
+def svcca(x: np.ndarray, y: np.ndarray, keep: float = 0.99) -> float:
+    """SVCCA: project each representation on the top singular directions that keep ``keep`` of
+    its variance, then the mean canonical correlation between the two projections."""
+    def reduce(z: np.ndarray) -> np.ndarray:
+        z = z - z.mean(0)
+        u, sv, _ = np.linalg.svd(z, full_matrices=False)
+        var = np.cumsum(sv ** 2) / max(float(np.sum(sv ** 2)), 1e-300)
+        r = int(np.searchsorted(var, keep) + 1)
+        return u[:, :r] * sv[:r]
+
+    a, b = reduce(x), reduce(y)
+    # canonical correlations = singular values of Qa^T Qb for orthonormal bases of the two spans
+    qa, _ = np.linalg.qr(a)
+    qb, _ = np.linalg.qr(b)
+    rho = np.linalg.svd(qa.T @ qb, compute_uv=False)
+    return float(np.mean(np.clip(rho, 0.0, 1.0)))
 
 
 def l2n(x: np.ndarray) -> np.ndarray:
@@ -113,7 +178,7 @@ def _train_mlp(x: np.ndarray, y: np.ndarray, cfg: Config, seed: int, n_out: int 
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
     xt, yt = torch.tensor(x, dtype=torch.float32), torch.tensor(y)
     g = torch.Generator().manual_seed(seed)
-    for _ in range(cfg.epochs):
+    for _ in range(0 if cfg.null_method else cfg.epochs):
         perm = torch.randperm(len(xt), generator=g)
         for i in range(0, len(xt), cfg.batch):
             j = perm[i:i + cfg.batch]
@@ -156,7 +221,7 @@ def _predict(net: Any, x: np.ndarray) -> np.ndarray:
         return net(torch.tensor(x, dtype=torch.float32)).argmax(1).numpy()
 
 
-def _track_v(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict[str, Any]]:
+def _track_v(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], list[Claim], dict[str, Any]]:
     from scipy.stats import spearmanr
     from sklearn.datasets import load_digits
 
@@ -170,7 +235,8 @@ def _track_v(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict
     xt, yt, xp, yp = x_all[test], y_all[test], x_all[pool], y_all[pool]
     checks: list[Check] = []
     rows = []
-    white_box: dict[int, list[float]] = {}
+    white_box: list[float] = []
+    acc_a: list[float] = []
     total = cfg.seeds * len(cfg.overlaps)
     done = 0
     for s in range(cfg.seeds):
@@ -180,7 +246,9 @@ def _track_v(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict
         fa = l2n(_features(net_a, xt))
         ok_a = _predict(net_a, xt) == yt
         adv = _mi_fgsm(net_a, xt, yt, cfg)
-        wb = float(np.mean(_predict(net_a, adv)[ok_a] != yt[ok_a]))
+        wb = float(np.mean(_predict(net_a, adv)[ok_a] != yt[ok_a])) if ok_a.any() else 0.0
+        white_box.append(wb)
+        acc_a.append(float(np.mean(ok_a)))
         for f in cfg.overlaps:
             ctx.progress(0.05 + 0.55 * done / total, f"Track V seed {s} overlap {f}")
             done += 1
@@ -197,32 +265,50 @@ def _track_v(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict
             net_b = _train_mlp(xp[b_idx], yp[b_idx], cfg, split_seed + 1)
             fb = l2n(_features(net_b, xt))
             ok = ok_a & (_predict(net_b, xt) == yt)
-            asr = float(np.mean(_predict(net_b, adv)[ok] != yt[ok]))
+            asr = float(np.mean(_predict(net_b, adv)[ok] != yt[ok])) if ok.any() else 0.0
             rows.append({"seed": s, "overlap": f, "mutual_knn": mutual_knn(fa, fb, cfg.knn_k), "cka": linear_cka(fa, fb),
+                         "cknna": cknna(fa, fb, cfg.knn_k), "svcca": svcca(fa, fb),
                          "transfer_asr": asr, "white_box_asr": wb,
                          "acc_b": float(np.mean(_predict(net_b, xt) == yt))})
-            white_box.setdefault(s, []).append(wb)
     per_f = {}
     for f in cfg.overlaps:
         sel = [r for r in rows if r["overlap"] == f]
-        per_f[str(f)] = {k: float(np.mean([r[k] for r in sel])) for k in ("mutual_knn", "cka", "transfer_asr", "acc_b")}
+        per_f[str(f)] = {k: float(np.mean([r[k] for r in sel]))
+                         for k in ("mutual_knn", "cka", "cknna", "svcca", "transfer_asr", "acc_b")}
     fs = [r["overlap"] for r in rows]
-    rho = {k: float(spearmanr(fs, [r[k] for r in rows]).statistic) for k in ("mutual_knn", "cka", "transfer_asr")}
-    checks.append(check_cmp("spearman_overlap_vs_mutual_knn", "soft", rho["mutual_knn"], ">", 0.5,
-                            "paper: more dataset overlap → more similar representations"))
-    checks.append(check_cmp("spearman_overlap_vs_transfer_asr", "soft", rho["transfer_asr"], ">", 0.3,
-                            "paper: more similarity → adversarial examples transfer better"))
-    checks.append(check_equal("white_box_asr_constant_in_f", "hard", True,
-                              all(len(set(v)) == 1 for v in white_box.values()),
-                              "model A is fixed by construction, so its white-box ASR cannot move with f"))
-    metrics: dict[str, Any] = {"per_overlap": per_f, "spearman": rho, "runs": rows}
+    rho = {k: float(spearmanr(fs, [r[k] for r in rows]).statistic)
+           for k in ("mutual_knn", "cka", "cknna", "svcca", "transfer_asr")}
+    # gates on the method's output: an untrained MLP sits at chance and its features are noise, so
+    # nothing downstream (similarity, transfer) would mean anything
+    worst_acc = min(acc_a + [r["acc_b"] for r in rows])
+    checks.append(check_cmp("trained_models_beat_chance", "hard", worst_acc, ">=", cfg.min_accuracy,
+                            "lowest held-out accuracy over every model A and B (chance 0.1)"))
+    checks.append(check_cmp("white_box_attack_fools_model_a", "hard", min(white_box), ">=", cfg.min_white_box_asr,
+                            f"lowest MI-FGSM success on A itself (ε={cfg.attack_eps}) over seeds; "
+                            "transfer is measured against this"))
+    # the transfer rate can only be read against the source's own rate
+    checks.append(check_cmp("transfer_asr_below_white_box", "soft",
+                            max(r["transfer_asr"] - r["white_box_asr"] for r in rows), "<=", 0.0,
+                            "examples crafted on A fool B at most as often as A"))
+    claims = [claim("overlap_raises_mutual_knn", "more dataset overlap → more similar representations (mutual kNN)",
+                    rho["mutual_knn"], ">", 0.5, "Spearman ρ of overlap f vs mutual kNN over all runs"),
+              claim("overlap_raises_cka", "more dataset overlap → more similar representations (linear CKA)",
+                    rho["cka"], ">", 0.5, "Spearman ρ of overlap f vs CKA over all runs"),
+              claim("overlap_raises_cknna", "more dataset overlap → more similar representations (CKNNA)",
+                    rho["cknna"], ">", 0.5, "Spearman ρ of overlap f vs CKNNA over all runs"),
+              claim("overlap_raises_svcca", "more dataset overlap → more similar representations (SVCCA)",
+                    rho["svcca"], ">", 0.5, "Spearman ρ of overlap f vs SVCCA over all runs"),
+              claim("overlap_raises_transfer_asr", "more overlap (similarity) → adversarial examples transfer better",
+                    rho["transfer_asr"], ">", 0.3, "Spearman ρ of overlap f vs transfer ASR over all runs")]
+    metrics: dict[str, Any] = {"per_overlap": per_f, "spearman": rho, "runs": rows, "white_box_asr": white_box,
+                               "acc_a": acc_a}
     if cfg.task_overlap:
         metrics["task_overlap"] = _task_overlap(ctx, cfg, seed, xp, yp, xt, yt)
         t = metrics["task_overlap"]
         fmin, fmax = str(min(cfg.overlaps[1:] or cfg.overlaps)), str(max(cfg.overlaps))
-        checks.append(Check("task_overlap_mutual_knn_high_vs_low", "soft", "mkNN(f=1) > mkNN(f=min>0)",
-                            [t[fmin], t[fmax]], 0, t[fmax] > t[fmin]))
-    return checks, metrics
+        claims.append(claim("task_overlap_raises_mutual_knn", "more shared classes → more similar representations",
+                            t[fmax] - t[fmin], ">", 0.0, f"mkNN(f={fmax}) − mkNN(f={fmin}) on the shared classes"))
+    return checks, claims, metrics
 
 
 def _task_overlap(ctx: RunContext, cfg: Config, seed: int, xp: np.ndarray, yp: np.ndarray, xt: np.ndarray,
@@ -259,6 +345,16 @@ def _metric_unit_checks(rng: np.random.Generator, k: int) -> list[Check]:
         check_close("cka_orthogonal_invariance", "hard", 1.0, linear_cka(x, x @ q), 1e-9),
         check_close("cka_isotropic_scale_invariance", "hard", linear_cka(x, x @ q), linear_cka(3.7 * x, x @ q), 1e-9),
         check_close("mutual_knn_self", "hard", 1.0, mutual_knn(x, x, k), 0.0),
+        check_close("cknna_self", "hard", 1.0, cknna(x, x, k), 1e-9),
+        check_close("cknna_orthogonal_invariance", "hard", 1.0, cknna(x, x @ q, k), 1e-9),
+        check_cmp("cknna_independent_gaussians_low", "hard", abs(cknna(a, b, k)), "<", 0.2,
+                  "independent representations share few neighbours and no kernel structure"),
+        # CCA is invariant to any invertible linear map, not only to rotations (keep = 1: no SVD cut,
+        # which would drop different directions of the two spectra)
+        check_close("svcca_invertible_map_invariance", "hard", 1.0, svcca(x, x @ (q + 0.5 * np.eye(32)), keep=1.0),
+                    1e-9),
+        check_cmp("svcca_independent_gaussians_below_one", "hard", svcca(a, b), "<", 0.5,
+                  "16 + 16 independent Gaussian dimensions over 300 points"),
         check_close("mutual_knn_independent_gaussians", "hard", p, mutual_knn(a, b, k), 5 * sd,
                     f"E = k/(n−1) = {p:.4f}; tolerance 5σ of the hypergeometric mean"),
     ]
@@ -314,7 +410,7 @@ def _track_l(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict
                                                      for a, b in zip(hs, hr, strict=True)]}
     g = min(cfg.guard_layer + 1, len(hs) - 1)   # hidden_states[L + 1] = residual after block L
     out["served_guard_layer_vs_all_layers_cka"] = [linear_cka(hs[g], h) for h in hs]
-    checks: list[Check] = [check_close("track_l_self_similarity", "hard", 1.0, linear_cka(hs[g], hs[g]), 1e-9)]
+    checks: list[Check] = []
     adapter = Path(cfg.safeguard_adapter) if cfg.safeguard_adapter else None
     if adapter is not None and adapter.exists():
         from peft import PeftModel
@@ -338,12 +434,12 @@ def _track_l(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict
     return checks, out
 
 
-@register_suite("repsim", version=1, config=Config)
+@register_suite("repsim", version=2, config=Config, null_method="every MLP is left at its random initialisation")
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)
     rng = np.random.default_rng(seed)
     checks = _metric_unit_checks(rng, config.knn_k)
-    c, tv = _track_v(ctx, config, seed)
+    c, claims, tv = _track_v(ctx, config, seed)
     checks += c
     metrics: dict[str, Any] = {"track_v": tv}
     if config.llm_texts > 0:
@@ -371,4 +467,4 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
                                                    "transfer_asr": [0.333, 0.493]},
                  "verified_against_paper": False}
     ctx.progress(1.0, "done")
-    return ctx.result(metrics, reference, checks)
+    return ctx.result(metrics, reference, checks, claims=claims)

@@ -6,9 +6,12 @@
 fork-join topologies). Agents work through tools (list_folder, preview_table, table_schema,
 search_cells, run_pandas, answer) and a deterministic rule judge computes the TAEF metric families:
 information coverage (micro/macro, strict/non-strict), task Pass@1 and turn Coverage@1, table
-recall/precision/F1, tool success and parallelism. Scripted agents with known scores validate the
-metric code (hard checks); the served model then runs as the agent through the chat API with a
-ReAct text protocol (report-only: sanity checks).
+recall/precision/F1, tool success and parallelism. The judge is the method under test: scripted
+agents with exactly known scores (including one that pads the right answer with a flood of other
+numbers, which TAEF's |Δ| ≤ 0.1 rule alone would credit) and hand-made cases gate it. The
+``null_method`` swaps in a judge that credits any non-empty answer, which must fail them. The
+served model then runs as the agent through the chat API with a ReAct text protocol; its scores
+are reported, and the leaderboard's finding (table agents score low) is a claim.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from offline_suites.base import Check, RunContext, SuiteResult, check_close, check_equal
+from offline_suites.base import Check, RunContext, SuiteResult, check_close, check_equal, claim
 from offline_suites.registry import register_suite
 
 REGIONS = {"North": "北部", "South": "南部", "East": "东部", "West": "西部", "Central": "中部"}
@@ -36,6 +39,7 @@ COLS = {"en": {"region": "region", "year": "year", "revenue": "revenue", "cost":
 TREND_WORDS = {"up": {"en": ("rose", "rise", "increased", "increase", "grew", "higher"), "zh": ("上升", "增长", "增加")},
                "down": {"en": ("fell", "fall", "decreased", "decrease", "declined", "lower"), "zh": ("下降", "减少")}}
 NUMERIC_TOL = 0.1     # TAEF: a number is covered when |Δ| ≤ 0.1
+FRONTIER_IC = 0.534   # best information coverage on the TableAgent-Bench leaderboard
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,10 @@ class Config:
     llm_max_steps: int = 2           # tool steps per turn before the answer is forced
     llm_max_tokens: int = 64
     sandbox_timeout_s: float = 20.0
+    null_method: bool = False        # a judge that credits every non-empty answer: the gates must fail
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "dialogues": (1, 1000), "years": (1900, 2100), "llm_dialogues": (0, 1000), "llm_turns": (1, 4),
+        "llm_max_steps": (0, 100), "llm_max_tokens": (1, 4096), "sandbox_timeout_s": (1.0, 600.0)}
 
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
@@ -282,6 +290,21 @@ def point_covered(point: dict[str, Any], answer: str) -> bool:
     return any(w in low for w in good) and not any(w in low for w in bad)
 
 
+Judge = Callable[[list[dict[str, Any]], str], list[bool]]
+
+
+def rule_judge(points: list[dict[str, Any]], answer: str) -> list[bool]:
+    """Which score points an answer covers. An answer that lists far more numbers than the turn
+    asks for gets no numeric credit: otherwise dumping a table would cover every number in it."""
+    flooded = len(extract_numbers(answer)) > 2 * len(points) + 3
+    return [point_covered(p, answer) and not (flooded and p["kind"] == "number") for p in points]
+
+
+def lenient_judge(points: list[dict[str, Any]], answer: str) -> list[bool]:
+    """The null judge: any non-empty answer covers everything."""
+    return [bool(answer.strip())] * len(points)
+
+
 @dataclass
 class Trace:
     dialogue: Dialogue
@@ -293,8 +316,8 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def score_traces(traces: list[Trace]) -> dict[str, Any]:
-    """TAEF metric families by the deterministic rule judge."""
+def score_traces(traces: list[Trace], judge: Judge = rule_judge) -> dict[str, Any]:
+    """TAEF metric families by a judge (the deterministic rule judge unless told otherwise)."""
     turn_cov_strict, turn_cov_nonstrict, macro_strict, macro_nonstrict = [], [], [], []
     recall, precision, passes = [], [], []
     num_pts = num_cov = 0
@@ -302,16 +325,15 @@ def score_traces(traces: list[Trace]) -> dict[str, Any]:
         covs_s, covs_n = [], []
         for t, turn in enumerate(tr.dialogue.turns):
             ans = tr.answers[t]
+            hit = judge(turn.score_points, ans) if ans else [False] * len(turn.score_points)
+            cov = sum(hit) / len(hit)
             if ans:
-                cov = sum(point_covered(p, ans) for p in turn.score_points) / len(turn.score_points)
                 covs_n.append(cov)
-            else:
-                cov = 0.0
             covs_s.append(cov)
-            for p in turn.score_points:
+            for p, h in zip(turn.score_points, hit, strict=True):
                 if p["kind"] == "number":
                     num_pts += 1
-                    num_cov += bool(ans) and point_covered(p, ans or "")
+                    num_cov += h
             used = {x for c in tr.calls if c["turn"] == t and c["ok"] for x in c["tables"]} | set(tr.declared_tables[t])
             gold = set(turn.related_tables)
             recall.append(len(used & gold) / len(gold))
@@ -359,6 +381,10 @@ def scripted(dlg: Dialogue, kind: str, timeout: float) -> Trace:
         if kind == "silent":
             answers.append(None)
             declared.append([])
+        elif kind == "shotgun":
+            # the right answer buried in a dump of other figures
+            answers.append(turn.answer_text + "; other figures: " + ", ".join(f"{v:.2f}" for v in range(101, 900, 41)))
+            declared.append([])
         else:
             answers.append(_fmt_points(turn.score_points, dlg.lang, offset) if offset else turn.answer_text)
             declared.append([])
@@ -377,7 +403,7 @@ def _expected(dialogues: list[Dialogue], kind: str) -> dict[str, float]:
                 "table_precision": float(np.mean([len(t.related_tables) / len(d.tables) for d, t in turns]))}
     if kind == "rounding_0.05":
         return {"numeric_points_covered": 1.0, "ic_micro_strict": 1.0}
-    if kind == "rounding_0.2":
+    if kind in ("rounding_0.2", "shotgun"):
         ic = float(np.mean([sum(p["kind"] != "number" for p in t.score_points) / len(t.score_points) for _, t in turns]))
         return {"numeric_points_covered": 0.0, "ic_micro_strict": ic}
     if kind == "crashy":
@@ -387,7 +413,7 @@ def _expected(dialogues: list[Dialogue], kind: str) -> dict[str, float]:
     raise KeyError(kind)
 
 
-SCRIPTED = ("oracle", "read_everything", "rounding_0.05", "rounding_0.2", "crashy", "silent")
+SCRIPTED = ("oracle", "read_everything", "rounding_0.05", "rounding_0.2", "crashy", "silent", "shotgun")
 
 
 # ------------------------------------------------------------------------------- served-model agent
@@ -443,7 +469,8 @@ def llm_agent(dlg: Dialogue, chat: Callable[[list[dict[str, Any]]], Any], cfg: C
 
 
 # ------------------------------------------------------------------------------------------ suite
-@register_suite("tableagent", version=1, config=Config)
+@register_suite("tableagent", version=2, config=Config,
+                null_method="the rule judge is replaced by one that credits every non-empty answer")
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     cfg = config
     rng = np.random.default_rng(seed)
@@ -459,11 +486,16 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     ctx.record_data("tableworld_manifest", json.dumps(manifest, sort_keys=True, ensure_ascii=False))
     ctx.save_json("tableworld_manifest.json", manifest)
 
+    judge = lenient_judge if cfg.null_method else rule_judge
+
+    def covered(point: dict[str, Any], answer: str) -> bool:
+        return judge([point], answer)[0]
+
     checks: list[Check] = []
     metrics: dict[str, Any] = {"scripted": {}}
     for j, kind in enumerate(SCRIPTED):
         ctx.progress(0.25 + 0.3 * j / len(SCRIPTED), f"scripted agent {kind}")
-        scores = score_traces([scripted(d, kind, cfg.sandbox_timeout_s) for d in dialogues])
+        scores = score_traces([scripted(d, kind, cfg.sandbox_timeout_s) for d in dialogues], judge)
         metrics["scripted"][kind] = scores
         for key, exp in _expected(dialogues, kind).items():
             checks.append(check_close(f"{kind}_{key}", "hard", exp, scores[key], 1e-12))
@@ -472,22 +504,28 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
                                       "non-strict IC excludes unanswered turns; with none answered it is undefined"))
     # the judge's own rules on hand-made cases
     checks.append(check_equal("judge_number_normalisation", "hard", [True, True, True, False],
-                              [point_covered({"kind": "number", "value": 15000.0}, "1.5万"),
-                               point_covered({"kind": "number", "value": 2500.0}, "2.5k units"),
-                               point_covered({"kind": "number", "value": 12.34, "percent": True}, "about 12.4%"),
-                               point_covered({"kind": "number", "value": 12.34}, "12.5")]))
+                              [covered({"kind": "number", "value": 15000.0}, "1.5万"),
+                               covered({"kind": "number", "value": 2500.0}, "2.5k units"),
+                               covered({"kind": "number", "value": 12.34, "percent": True}, "about 12.4%"),
+                               covered({"kind": "number", "value": 12.34}, "12.5")]))
     checks.append(check_equal("judge_trend_contradiction", "hard", [True, False],
-                              [point_covered({"kind": "trend", "value": "up"}, "costs rose"),
-                               point_covered({"kind": "trend", "value": "up"}, "it rose then fell")]))
+                              [covered({"kind": "trend", "value": "up"}, "costs rose"),
+                               covered({"kind": "trend", "value": "up"}, "it rose then fell")]))
     west = {"kind": "entity", "value": "West", "aliases": ["West", "西部"], "others": ["North", "北部"]}
     checks.append(check_equal("judge_entity_rules", "hard", [True, True, False, False],
-                              [point_covered(west, "The West region."), point_covered(west, "西部地区"),
-                               point_covered(west, "the lowest profit"), point_covered(west, "West or North")]))
+                              [covered(west, "The West region."), covered(west, "西部地区"),
+                               covered(west, "the lowest profit"), covered(west, "West or North")]))
+    checks.append(check_equal("judge_number_flood", "hard", [True, False],
+                              [covered({"kind": "number", "value": 512.0}, "In 2023 it was 512.00."),
+                               covered({"kind": "number", "value": 512.0},
+                                       " ".join(str(v) for v in range(500, 520)))],
+                              "a dump of twenty numbers around the value is not an answer"))
     sandbox_out = run_sandboxed("result = int(tables['headcount.csv'].iloc[:, 1].sum())", dialogues[0].folder,
                                 cfg.sandbox_timeout_s)
     expected_sum = int(read_table(dialogues[0].folder / "headcount.csv").iloc[:, 1].sum())
     checks.append(check_equal("sandbox_run_pandas", "hard", str(expected_sum), sandbox_out))
 
+    claims = []
     uses_llm = cfg.llm_dialogues > 0
     if uses_llm:
         traces = []
@@ -499,21 +537,17 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
                 return ctx.llm.chat(m, max_tokens=cfg.llm_max_tokens, temperature=0.0, seed=seed + i)
 
             traces.append(llm_agent(dlg, chat, cfg))
-        served = score_traces(traces)
+        served = score_traces(traces, judge)
         metrics["served"] = served
         ctx.save_json("tableagent_served_traces.json",
                       [{"folder": tr.dialogue.folder.name, "answers": tr.answers, "calls": tr.calls,
                         "messages": tr.meta["messages"]} for tr in traces])
-        for key in ("ic_micro_strict", "table_recall", "table_precision", "task_pass_at_1", "turn_coverage_at_1"):
-            v = served[key]
-            checks.append(Check(f"served_{key}_in_unit_interval", "hard", "[0, 1]", v, 0, 0.0 <= v <= 1.0))
-        wf = all(len(tr.answers) == len(tr.dialogue.turns) for tr in traces)
-        checks.append(check_equal("served_trace_well_formed", "hard", True, wf, "one answer slot per asked turn"))
-        checks.append(Check("served_below_oracle", "soft", "IC(served) ≤ IC(oracle) = 1", served["ic_micro_strict"], 0,
-                            served["ic_micro_strict"] <= 1.0))
+        claims.append(claim("served_agent_below_frontier", "multi-turn table agents stay far below full coverage: "
+                            "the best leaderboard model covers 53.4 %", served["ic_micro_strict"], "<=", FRONTIER_IC,
+                            "served model's strict micro IC"))
     reference = {"leaderboard_ic_percent": {"Gemini-3-Pro-Preview (thinking)": 53.4, "GPT-5 (thinking)": 50.2,
                                             "Qwen3-8B (non-thinking)": 2.8},
                  "expected_small_model_ic_percent": "≈3 (Qwen3-8B row); a 135M model is expected lower",
                  "verified_against_paper": False}
     ctx.progress(1.0, "done")
-    return ctx.result(metrics, reference, checks, uses_llm=uses_llm)
+    return ctx.result(metrics, reference, checks, claims=claims, uses_llm=uses_llm)

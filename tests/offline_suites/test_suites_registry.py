@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import pytest
 
-from offline_suites.base import ConfigError, build_config
+from offline_suites.base import ConfigError, build_config, numeric_fields
 from offline_suites.registry import (
     BUILTIN_MODULES,
     DuplicateSuiteError,
@@ -25,7 +26,87 @@ def test_builtin_set_is_exact() -> None:
 def test_duplicate_name_raises() -> None:
     suite = get_suite("cgm")
     with pytest.raises(DuplicateSuiteError, match="already registered"):
-        register_suite("cgm", version=1, config=suite.config_cls)(lambda ctx, c, s: None)
+        register_suite("cgm", version=1, config=suite.config_cls, null_method="x")(lambda ctx, c, s: None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NoNull:
+    steps: int = 1
+    SMOKE: ClassVar[_NoNull]
+    FULL: ClassVar[_NoNull]
+
+
+_NoNull.SMOKE = _NoNull()
+_NoNull.FULL = _NoNull(steps=2)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NullOnByDefault:
+    null_method: bool = False
+    SMOKE: ClassVar[_NullOnByDefault]
+    FULL: ClassVar[_NullOnByDefault]
+
+
+_NullOnByDefault.SMOKE = _NullOnByDefault()
+_NullOnByDefault.FULL = _NullOnByDefault(null_method=True)
+
+
+def test_null_method_is_required() -> None:
+    # a suite without a null variant cannot be mutation-tested, so it cannot register
+    with pytest.raises(TypeError, match="needs a field `null_method: bool = False`"):
+        register_suite("no-null", version=1, config=_NoNull, null_method="untrained")
+    with pytest.raises(TypeError, match="needs a field `null_method: bool = False`"):
+        register_suite("null-on", version=1, config=_NullOnByDefault, null_method="untrained")
+    with pytest.raises(TypeError, match="null_method must say"):
+        register_suite("no-text", version=1, config=get_suite("cgm").config_cls, null_method=" ")
+    assert "no-null" not in {s.name for s in list_suites()}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unbounded:
+    steps: int = 1
+    null_method: bool = False
+    SMOKE: ClassVar[_Unbounded]
+    FULL: ClassVar[_Unbounded]
+
+
+_Unbounded.SMOKE = _Unbounded()
+_Unbounded.FULL = _Unbounded(steps=10)
+
+
+def test_numeric_fields_must_be_bounded() -> None:
+    with pytest.raises(TypeError, match="BOUNDS lacks .* steps"):
+        register_suite("unbounded", version=1, config=_Unbounded, null_method="x")
+    _Unbounded.BOUNDS = {"steps": (0, 5)}  # type: ignore[attr-defined]
+    try:
+        # a preset outside its own bounds is a registration error, not a runtime surprise
+        with pytest.raises(TypeError, match=r"FULL: config field 'steps' must be within \[0, 5\]"):
+            register_suite("unbounded", version=1, config=_Unbounded, null_method="x")
+    finally:
+        del _Unbounded.BOUNDS  # type: ignore[attr-defined]
+
+
+def test_overrides_outside_bounds_rejected() -> None:
+    cls = get_suite("cgm").config_cls
+    with pytest.raises(ConfigError, match=r"'epochs' must be within \[0, 100000\]"):
+        build_config(cls, "smoke", {"epochs": 10**9})
+    with pytest.raises(ConfigError, match="'lambdas' must be within"):
+        build_config(cls, "smoke", {"lambdas": [1.0, -0.1]})
+    with pytest.raises(ConfigError, match="'vocab' must be within"):
+        build_config(cls, "smoke", {"vocab": 1000})
+    with pytest.raises(ConfigError, match="'seq_len' must be within"):
+        build_config(get_suite("fp-equivariance").config_cls, "smoke", {"seq_len": 2})
+    assert build_config(cls, "smoke", {"epochs": 0}).epochs == 0
+    for s in list_suites():
+        if s.fn.__module__ in BUILTIN_MODULES:
+            assert set(s.config_cls.BOUNDS) >= set(numeric_fields(s.config_cls)), s.name
+
+
+def test_every_suite_declares_its_null_method() -> None:
+    for s in list_suites():
+        if s.fn.__module__ in BUILTIN_MODULES:
+            assert s.null_method and s.info()["null_method"] == s.null_method, s.name
+            assert build_config(s.config_cls, "smoke", {"null_method": True}).null_method is True
 
 
 def test_unknown_name_suggests() -> None:

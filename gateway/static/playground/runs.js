@@ -158,7 +158,8 @@ async function renderRun(id) {
     if (sum) {
       parts.push(el("p", { class: sum.hard_passed ? "ok-text" : "bad-text" },
         el("strong", {}, sum.hard_passed ? "all hard checks passed" : `hard checks failed: ${(sum.hard_failed ?? []).join(", ")}`),
-        sum.soft_failed?.length ? el("span", { class: "muted" }, ` · soft checks off: ${sum.soft_failed.join(", ")}`) : null));
+        sum.soft_failed?.length ? el("span", { class: "muted" }, ` · soft checks off: ${sum.soft_failed.join(", ")}`) : null,
+        sum.claims_total ? el("span", {}, ` · paper claims reproduced: ${sum.claims_reproduced}/${sum.claims_total}`) : null));
     }
     const refs = new Map(flatten(res.reference_values));
     const rows = flatten(res.metrics);
@@ -167,6 +168,15 @@ async function renderRun(id) {
         el("thead", {}, el("tr", {}, el("th", {}, "metric"), el("th", {}, "measured"), el("th", {}, "reference"))),
         el("tbody", {}, rows.map(([k, v]) => el("tr", {}, el("td", {}, k), el("td", { class: "num" }, value(v)),
           el("td", { class: "num muted" }, refs.has(k) ? value(refs.get(k)) : ""))))));
+    }
+    if (res.claims?.length) {
+      // Claims are the paper's findings at this run's scale; a miss is a verdict, not a failed run.
+      parts.push(el("h3", {}, "Paper claims"), el("table", { class: "checks claims" },
+        el("thead", {}, el("tr", {}, ["", "claim", "statement", "observed", "expected", "margin", "verdict", "note"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, res.claims.map((c) => el("tr", { class: c.verdict === "reproduced" ? "pass" : "fail" },
+          el("td", {}, c.verdict === "reproduced" ? "✔" : "✘"), el("td", {}, c.name), el("td", {}, c.statement),
+          el("td", { class: "num" }, value(c.observed)), el("td", { class: "num" }, `${c.direction} ${value(c.threshold)}`),
+          el("td", { class: "num" }, value(c.margin)), el("td", {}, c.verdict), el("td", { class: "muted" }, c.note ?? ""))))));
     }
     if (res.checks?.length) {
       parts.push(el("h3", {}, "Checks"), el("table", { class: "checks" },
