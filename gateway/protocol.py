@@ -40,13 +40,21 @@ class StreamOptions(OpenAIBaseModel):
 
 
 class GuardOverrides(OpenAIBaseModel):
-    """Per-request guard policy (only narrows what the tenant policy allows)."""
+    """Per-request guard policy. It may only tighten the operator's policy for the caller's tenant: a
+    threshold at most the operator's, a hold-back at least the operator's; anything looser is a 400 naming
+    the field. ``enabled=false`` takes effect only for a tenant the operator granted it."""
 
-    enabled: bool | None = None
+    enabled: bool | None = Field(
+        default=None, description="false switches the guard off, where the operator allows it for the tenant."
+    )
     # guard scores are pooled read-outs with a bias, so a threshold may be any finite number
-    prompt_threshold: float | None = Field(default=None, allow_inf_nan=False)
-    response_threshold: float | None = Field(default=None, allow_inf_nan=False)
-    hold_back: int | None = Field(default=None, ge=1, le=64)
+    prompt_threshold: float | None = Field(
+        default=None, allow_inf_nan=False, description="At most the operator's prompt threshold."
+    )
+    response_threshold: float | None = Field(
+        default=None, allow_inf_nan=False, description="At most the operator's response threshold."
+    )
+    hold_back: int | None = Field(default=None, ge=1, le=64, description="At least the operator's hold-back.")
     include_scores: bool = Field(default=False, description="Attach per-token `risk` scores to streamed choices.")
 
 

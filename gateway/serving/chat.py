@@ -83,6 +83,8 @@ class ServingChat(ServingBase):
         self, req: ChatCompletionRequest, tenant_policy: GuardPolicy | None = None, allow_disable: bool | None = None
     ) -> PreparedChat:
         engine = check_model(self.engine, req.model)
+        # overrides first: a refused one costs no tokenising
+        policy = self.resolve_policy(req.guard, tenant_policy, allow_disable)
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
         try:
             prompt_ids = engine.apply_chat_template(messages)
@@ -104,7 +106,6 @@ class ServingChat(ServingBase):
             ignore_eos=req.ignore_eos,
             min_tokens=req.min_tokens,
         )
-        policy = self.resolve_policy(req.guard, tenant_policy, allow_disable)
         conversation = guard_conversation(req)
         fail_open = await self.check_prompt(conversation, policy)
         include_scores = bool(req.guard and req.guard.include_scores and self.guard is not None and policy.enabled)

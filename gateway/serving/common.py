@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -240,21 +240,63 @@ async def merge(streams: Sequence[AsyncIterator[Item]]) -> AsyncIterator[tuple[i
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def policy_from(default: GuardPolicy, overrides: Any | None, *, allow_disable: bool) -> GuardPolicy:
-    """Apply per-request overrides to the tenant/default policy. A request may switch the guard off only
-    where the operator allows it (``allow_disable``); thresholds and hold-back are the request's to tune."""
+GUARD_OVERRIDE_REFUSED = "guard_override_not_allowed"
+
+
+def policy_from(
+    default: GuardPolicy,
+    overrides: Any | None,
+    *,
+    allow_disable: bool,
+    operator_threshold: Callable[[str], float] | None = None,
+) -> GuardPolicy:
+    """Apply per-request overrides to the tenant/default policy ``default``.
+
+    Overrides may only tighten it. A threshold above the operator's (``operator_threshold(gate)``: what the
+    guard applies under ``default``, whether it comes from settings, a budget or the build) or a hold-back
+    below ``default.hold_back`` is refused with a 400 naming the field: a looser value would release what
+    the operator chose to cut. Without a guard there is nothing to loosen, so the operator threshold is
+    then only known when ``default`` sets it. The guard goes off only where ``allow_disable``; otherwise
+    ``enabled=false`` is ignored and the request stays guarded."""
     if overrides is None:
         return default
     enabled = default.enabled
     if overrides.enabled is False and allow_disable:
         enabled = False
+    thresholds: dict[str, float | None] = {}
+    for gate in ("prompt", "response"):
+        field_name = f"{gate}_threshold"
+        asked = getattr(overrides, field_name)
+        operator = getattr(default, field_name)
+        if asked is None:
+            thresholds[gate] = operator
+            continue
+        if operator_threshold is not None:
+            operator = operator_threshold(gate)
+        # ``not <=`` so that NaN is refused as well
+        if operator is not None and not asked <= operator:
+            raise bad_request(
+                f"'guard.{field_name}' may only tighten the operator's {gate} threshold: send at most "
+                f"{operator:g} (got {asked:g}), or leave it out.",
+                param=f"guard.{field_name}",
+                code=GUARD_OVERRIDE_REFUSED,
+            )
+        thresholds[gate] = asked
+    hold_back = default.hold_back
+    if overrides.hold_back is not None:
+        if overrides.hold_back < default.hold_back:
+            raise bad_request(
+                f"'guard.hold_back' may only tighten the operator's hold-back: send at least {default.hold_back} "
+                f"(got {overrides.hold_back}), or leave it out.",
+                param="guard.hold_back",
+                code=GUARD_OVERRIDE_REFUSED,
+            )
+        hold_back = overrides.hold_back
     return GuardPolicy(
         enabled=enabled,
-        prompt_threshold=default.prompt_threshold if overrides.prompt_threshold is None else overrides.prompt_threshold,
-        response_threshold=default.response_threshold
-        if overrides.response_threshold is None
-        else overrides.response_threshold,
-        hold_back=overrides.hold_back or default.hold_back,
+        prompt_threshold=thresholds["prompt"],
+        response_threshold=thresholds["response"],
+        hold_back=hold_back,
         fail_closed=default.fail_closed,
         mode=default.mode,
         categories=default.categories,
@@ -301,8 +343,12 @@ class ServingBase:
 
     def resolve_policy(self, overrides: Any | None, tenant_policy: GuardPolicy | None, allow_disable: bool | None) -> GuardPolicy:
         # the tenant's policy (set by the ops layer from the API key) replaces the deployment default
+        base = tenant_policy or self.default_policy
+        threshold_of = getattr(self.guard, "threshold", None) if self.guard is not None else None
         return policy_from(
-            tenant_policy or self.default_policy,
+            base,
             overrides,
             allow_disable=self.allow_guard_disable if allow_disable is None else allow_disable,
+            # the guard knows the threshold it applies (settings, budget or the build's manifest): ask it
+            operator_threshold=None if threshold_of is None else (lambda gate: float(threshold_of(gate, base))),
         )

@@ -75,6 +75,8 @@ class ServingCompletion(ServingBase):
         self, req: CompletionRequest, tenant_policy: GuardPolicy | None = None, allow_disable: bool | None = None
     ) -> PreparedCompletion:
         engine = check_model(self.engine, req.model)
+        # overrides first: a refused one costs no tokenising
+        policy = self.resolve_policy(req.guard, tenant_policy, allow_disable)
         tok = engine.tokenizer
         vocab = len(tok)
         raw = req.prompt
@@ -110,7 +112,6 @@ class ServingCompletion(ServingBase):
             ignore_eos=req.ignore_eos,
             min_tokens=req.min_tokens,
         )
-        policy = self.resolve_policy(req.guard, tenant_policy, allow_disable)
         fail_open: list[GuardFailure] = []
         for _, text in prompts:
             fail_open += await self.check_prompt(user(text), policy)
