@@ -54,7 +54,9 @@ class Settings(BaseSettings):
     suites: SuiteSettings = Field(default_factory=SuiteSettings)
     ops: OpsSettings = Field(default_factory=OpsSettings)
     allow_guard_disable: bool = Field(
-        default=True, description="Requests may send guard.enabled=false (tenant policy can forbid it)."
+        default=False,
+        description="Every tenant's requests may send guard.enabled=false. Off: grant it per tenant instead "
+        "(`nextguard keys grant --tenant T guard_disable`, or ops.tenants.<T>.allow_guard_disable).",
     )
 
     @model_validator(mode="after")

@@ -39,8 +39,8 @@ from gateway.audit import AuditLog, prompt_cut_from_error, released_text
 from gateway.auth import Authenticator, KeyStore, OwnerStore, Principal
 from gateway.errors import OpenAIError
 from gateway.ops_config import OpsSettings
-from gateway.serving.common import STREAM_TIMEOUTS, StreamStats, StreamTimeouts
-from gateway.tenants import Tenants
+from gateway.serving.common import GUARD_OVERRIDE_REFUSED, STREAM_TIMEOUTS, StreamStats, StreamTimeouts
+from gateway.tenants import GUARD_DISABLE, TenantGrants, Tenants
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,7 @@ class OpsRuntime:
     auth: Authenticator | None
     admission: AdmissionController | None
     audit: AuditLog | None
+    grants: TenantGrants | None = None
     _tenants: Tenants | None = None
 
     @property
@@ -170,11 +171,25 @@ def install_ops(app: FastAPI, settings: Any, ops: OpsSettings | None = None) -> 
         auth=Authenticator(ops.auth, keys) if ops.auth.enabled else None,
         admission=AdmissionController(ops.admission, redis, prefix) if ops.admission.enabled else None,
         audit=AuditLog(ops.audit, settings.home) if ops.audit.enabled else None,
+        grants=TenantGrants(redis, prefix, ttl_s=ops.auth.cache_ttl_s),
     )
     app.state.ops = rt
     app.add_middleware(OpsMiddleware, runtime=rt)
     _wrap_lifespan(app, rt)
     return rt
+
+
+async def may_disable_guard(request: Any, overrides: Any | None) -> bool | None:
+    """Whether this request may switch the guard off (``guard.enabled=false``): the settings' permission for
+    its tenant, else a grant from ``nextguard keys grant``. Redis is asked only when the request wants the
+    guard off. ``None`` (no ops layer) leaves the decision to the serving defaults."""
+    allowed: bool | None = getattr(request.state, "allow_guard_disable", None)
+    if overrides is None or overrides.enabled is not False or allowed:
+        return allowed
+    rt = getattr(request.app.state, "ops", None)
+    if rt is None or rt.grants is None:
+        return allowed
+    return await rt.grants.has(request.state.tenant, GUARD_DISABLE)
 
 
 def _wrap_lifespan(app: FastAPI, rt: OpsRuntime) -> None:
@@ -355,11 +370,12 @@ class OpsMiddleware:
                 await asyncio.shield(rt.admission.release(slot))
             if audit is not None:
                 try:
-                    self._audit(audit, principal, view.guard_policy, view.allow_guard_disable, path, body, resp, sink)
+                    self._audit(audit, principal, view.guard_policy, state.get("guard_policy_applied"), path, body,
+                                resp, sink)
                 except Exception:   # auditing must never turn a served response into an error
                     log.exception("audit failed for %s", resp["request_id"])
 
-    def _audit(self, audit: AuditLog, principal: Principal, policy: Any, allow_disable: bool, path: str,
+    def _audit(self, audit: AuditLog, principal: Principal, policy: Any, applied: Any, path: str,
                body: bytes, resp: dict[str, Any], sink: list[StreamStats]) -> None:
         req: dict[str, Any] = {}
         with contextlib.suppress(ValueError, TypeError):
@@ -371,11 +387,16 @@ class OpsMiddleware:
                                            str(req.get("model"))).inc()
             if prompt_cut["decision"] == "guard_error":
                 metrics.GUARD_FAILURES.labels("fail_closed").inc()
-        guard_on = self.rt.app.state.guard is not None and bool(getattr(policy, "enabled", False))
-        overrides = req.get("guard")
-        if isinstance(overrides, dict) and overrides.get("enabled") is False and allow_disable:
-            guard_on = False
-        if prompt_cut is None and not sink:
+        # ``applied``: the policy the serving code resolved for this request (overrides and permission included)
+        effective = applied if applied is not None else policy
+        guard_on = self.rt.app.state.guard is not None and bool(getattr(effective, "enabled", False))
+        overrides = _asked_overrides(req.get("guard"))
+        guard_disabled = (
+            self.rt.app.state.guard is not None and bool(getattr(policy, "enabled", False)) and not guard_on
+            and overrides.get("enabled") is False
+        )
+        refused = _override_refusal(bytes(resp["body"])) if resp["status"] == 400 else None
+        if prompt_cut is None and not sink and refused is None:
             return
         content = None
         if audit.settings.include_content:
@@ -394,9 +415,33 @@ class OpsMiddleware:
             guarded=guard_on,
             fail_closed=bool(getattr(policy, "fail_closed", True)),
             content=content,
+            overrides=overrides or None,
+            guard_disabled=guard_disabled,
+            override_refused=refused,
         )
         if records:
             audit.write(records)
+
+
+_OVERRIDE_FIELDS = ("enabled", "prompt_threshold", "response_threshold", "hold_back")
+
+
+def _asked_overrides(guard: Any) -> dict[str, Any]:
+    """The guard overrides a request sent (``include_scores`` changes what is shown, not what is cut)."""
+    if not isinstance(guard, dict):
+        return {}
+    return {k: guard[k] for k in _OVERRIDE_FIELDS if guard.get(k) is not None}
+
+
+def _override_refusal(body: bytes) -> str | None:
+    """The field of a refused guard override, read back from our own 400."""
+    try:
+        err = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(err, dict) or err.get("code") != GUARD_OVERRIDE_REFUSED:
+        return None
+    return str(err.get("param"))
 
 
 def _check_length(scope: Scope, limit: int) -> None:

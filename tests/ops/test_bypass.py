@@ -3,19 +3,25 @@ guard doubles). Every test fails if its attack succeeds."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.ops_config import GuardPolicyOverrides, OpsSettings, TenantSettings
+from gateway.config import Settings
+from gateway.ops_config import AuditSettings, AuthSettings, GuardPolicyOverrides, OpsSettings, TenantSettings
 from guard.api import GuardPolicy
 from tests.doubles import ScriptedEngine, ScriptedGuard
 from tests.ops.conftest import assert_openai_error, chat, client, dead_redis_url, make_app
 
 
 def _guarded_app(tmp_path: Path, *, engine: ScriptedEngine | None = None, guard: Any = None,
-                 policy: GuardPolicy | None = None, ops: OpsSettings | None = None) -> tuple[Any, ScriptedEngine]:
+                 policy: GuardPolicy | None = None, ops: OpsSettings | None = None) -> tuple[Any, Any]:
+    """The app with the scripted guard (cuts at "world", flags prompts with "forbidden") and no Redis;
+    returns it with the engine, whose requests show whether anything reached the model."""
     engine = engine or ScriptedEngine()
     app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url(), ops=ops,
                       guard=guard or ScriptedGuard(trigger="world"), guard_policy=policy or GuardPolicy())
@@ -74,6 +80,85 @@ async def test_tenant_threshold_is_the_ceiling(tmp_path: Path) -> None:
         assert_openai_error(r, 400, "guard_override_not_allowed")
         ok = await c.post("/v1/chat/completions", json=chat(guard={"response_threshold": 0.2, "hold_back": 3}))
     assert ok.status_code == 200 and '"finish_reason":"content_filter"' in ok.text   # tighter: still guarded
+
+
+# -- switching the guard off is a per-tenant grant, audited ---------------------------------------------
+def _audit_lines(rt: Any) -> list[dict[str, Any]]:
+    assert rt.audit is not None and rt.audit.path is not None
+    return [json.loads(x) for x in rt.audit.path.read_text().splitlines()] if rt.audit.path.exists() else []
+
+
+async def _keys_cli(redis_url: str, prefix: str, *argv: str) -> int:
+    """``nextguard keys ...`` as the operator runs it (its own event loop, hence a thread here)."""
+    from gateway.ops_cli import add_subcommands
+
+    parser = argparse.ArgumentParser()
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["keys", "--redis-url", redis_url, "--prefix", prefix, "--json", *argv])
+    return int(await asyncio.to_thread(args.func, args))
+
+
+async def test_guard_disable_is_off_by_default(tmp_path: Path) -> None:
+    assert Settings(guard={"enabled": False}).allow_guard_disable is False
+    # nothing passed for allow_guard_disable: the deployment default applies (Redis down: no grant either)
+    app, rt = make_app(ScriptedEngine(), tmp_path, redis_url=dead_redis_url(), guard=ScriptedGuard(trigger="world"),
+                       guard_policy=GuardPolicy())
+    async with client(app) as c:
+        r = await c.post("/v1/chat/completions", json=chat(guard={"enabled": False}))
+        rc = await c.post("/v1/completions", json={"model": "scripted", "prompt": "hi", "guard": {"enabled": False}})
+    assert r.status_code == 200 and '"finish_reason":"content_filter"' in r.text
+    assert rc.status_code == 200 and rc.json()["choices"][0]["finish_reason"] == "content_filter"
+    lines = _audit_lines(rt)
+    assert [(x["decision"], x["guard_overrides"]) for x in lines] == [("intervened", {"enabled": False})] * 2
+
+
+@pytest.mark.redis
+async def test_guard_disable_needs_the_tenants_grant(tmp_path: Path, redis_url: str, prefix: str) -> None:
+    ops = OpsSettings(auth=AuthSettings(enabled=True, cache_ttl_s=0.0))
+    engine = ScriptedEngine()
+    app, rt = make_app(engine, tmp_path, redis_url=redis_url, prefix=prefix, ops=ops,
+                       guard=ScriptedGuard(trigger="world"), guard_policy=GuardPolicy())
+    assert rt.keys is not None
+    acme, acme_rec = await rt.keys.create("acme")
+    beta, _ = await rt.keys.create("beta")
+    off = chat(guard={"enabled": False})
+
+    async def finish(key: str) -> str:
+        async with client(app, key) as c:
+            r = await c.post("/v1/chat/completions", json=off)
+        assert r.status_code == 200, r.text
+        return "content_filter" if '"finish_reason":"content_filter"' in r.text else "stop"
+
+    assert await finish(acme) == "content_filter"             # not granted yet
+    assert await _keys_cli(redis_url, prefix, "grant", "--tenant", "acme", "guard_disable") == 0
+    assert await finish(acme) == "stop"                       # granted: unguarded
+    assert rt.grants is not None and await rt.grants.list() == {"acme": ["guard_disable"]}
+    assert await finish(beta) == "content_filter"             # another tenant is not
+    assert await _keys_cli(redis_url, prefix, "ungrant", "--tenant", "acme", "guard_disable") == 0
+    assert await finish(acme) == "content_filter"             # taken back (cache_ttl_s=0)
+
+    lines = _audit_lines(rt)
+    assert [(x["tenant"], x["decision"]) for x in lines] == [
+        ("acme", "intervened"), ("acme", "guard_disabled"), ("beta", "intervened"), ("acme", "intervened")]
+    assert all(x["guard_overrides"] == {"enabled": False} for x in lines)
+    assert lines[1]["key_id"] == acme_rec.id and lines[1]["gate"] is None
+
+
+async def test_every_override_is_audited(tmp_path: Path) -> None:
+    # passes are not logged here, yet a tightened pass and a refused loosening both are
+    ops = OpsSettings(audit=AuditSettings(log_passes=False))
+    app, _ = _guarded_app(tmp_path, guard=ScriptedGuard(trigger="never-said"), ops=ops)
+    rt = app.state.ops
+    async with client(app) as c:
+        assert (await c.post("/v1/chat/completions", json=chat())).status_code == 200
+        assert (await c.post("/v1/chat/completions", json=chat(guard={"response_threshold": 0.1}))).status_code == 200
+        refused = await c.post("/v1/chat/completions", json=chat(guard={"prompt_threshold": 2.0}))
+    assert refused.status_code == 400
+    lines = _audit_lines(rt)
+    assert [(x["decision"], x.get("guard_overrides"), x.get("param")) for x in lines] == [
+        ("pass", {"response_threshold": 0.1}, None),
+        ("override_refused", {"prompt_threshold": 2.0}, "guard.prompt_threshold"),
+    ]
 
 
 # -- the guard reads the whole conversation -------------------------------------------------------------
