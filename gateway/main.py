@@ -21,6 +21,7 @@ from gateway.config import Settings, get_settings
 from gateway.errors import install_error_handlers
 from gateway.ops import install_ops
 from gateway.serving.chat import ServingChat
+from gateway.serving.common import ServingLimits
 from gateway.serving.completions import ServingCompletion
 from guard.api import GuardPolicy, StreamGuard
 from inference.engine import EngineClient
@@ -51,9 +52,13 @@ def _set_engine(app: FastAPI, engine: EngineClient | None, guard: StreamGuard | 
     st.engine = engine
     if guard is not None:
         st.guard = guard
-    st.serving_chat = ServingChat(engine, st.guard, st.guard_policy, allow_guard_disable=st.allow_guard_disable)
+    srv = st.settings.server
+    limits = ServingLimits(max_prompts=srv.max_prompts_per_request, max_n=srv.max_choices_per_prompt,
+                           guard_wait_s=srv.guard_wait_timeout_s, tokenize_inline_chars=srv.tokenize_inline_chars)
+    st.serving_chat = ServingChat(engine, st.guard, st.guard_policy, allow_guard_disable=st.allow_guard_disable,
+                                  limits=limits)
     st.serving_completion = ServingCompletion(
-        engine, st.guard, st.guard_policy, allow_guard_disable=st.allow_guard_disable
+        engine, st.guard, st.guard_policy, allow_guard_disable=st.allow_guard_disable, limits=limits
     )
     if engine is not None:
         metrics.set_engine_running_source(lambda: float(engine.num_running()))

@@ -6,9 +6,10 @@ It adds one pure-ASGI middleware (outermost, so it sees every request, streamed 
 2. reads the body with a hard size cap (also for chunked uploads, which carry no Content-Length) -> 413;
 3. authenticates the API key and sets ``request.state.principal`` / ``.tenant`` / ``.guard_policy``
    (the tenant's resolved ``guard.api.GuardPolicy``) / ``.allow_guard_disable``;
-4. takes an admission slot for generation routes (429 quota vs 503 overload, ``Retry-After``);
+4. takes an admission slot for generation routes (429 quota vs 503 overload, ``Retry-After``), and lets
+   the route take one more per further choice (:func:`admit_choices`);
 5. sets the request's stream timeouts (``gateway.serving.common.STREAM_TIMEOUTS``) and a stats sink;
-6. after the response is done: releases the slot and writes the audit lines of the guard decisions.
+6. after the response is done: releases the slots and writes the audit lines of the guard decisions.
 
 It also wraps the app's lifespan (lease renewal, SIGTERM drain hook, clean close). Without a running
 lifespan (in-process test clients) everything still works: Redis connects lazily.
@@ -179,6 +180,20 @@ def install_ops(app: FastAPI, settings: Any, ops: OpsSettings | None = None) -> 
     return rt
 
 
+async def _release_all(admission: AdmissionController, slots: list[Slot]) -> None:
+    for s in list(slots):
+        await admission.release(s)
+
+
+async def admit_choices(request: Any, choices: int) -> None:
+    """Count every choice of a request by admission: the middleware took one slot for the request, this
+    takes one more per further choice (each is its own engine request and guard stream). Over the tenant's
+    in-flight quota it answers 400; a full deployment or tenant, 503/429 as for any request."""
+    admit_more = getattr(request.state, "admit_more", None)
+    if admit_more is not None and choices > 1:
+        await admit_more(choices - 1)
+
+
 async def may_disable_guard(request: Any, overrides: Any | None) -> bool | None:
     """Whether this request may switch the guard off (``guard.enabled=false``): the settings' permission for
     its tenant, else a grant from ``nextguard keys grant``. Redis is asked only when the request wants the
@@ -314,6 +329,7 @@ class OpsMiddleware:
 
         # -- admission ---------------------------------------------------------------------------
         slot: Slot | None = None
+        slots: list[Slot] = []          # the request's slot, then one per further choice (admit_more)
         if rt.admission is not None and method == "POST" and path in rt.ops.admission.paths:
             try:
                 slot = await rt.admission.acquire(principal.tenant, view.quota)
@@ -321,6 +337,21 @@ class OpsMiddleware:
                 metrics.REQUESTS.labels(_route_label(path), str(e.status)).inc()
                 await _error_response(e)(scope, receive, send)
                 return
+            slots.append(slot)
+            admission, quota = rt.admission, view.quota
+
+            async def admit_more(n: int) -> None:
+                if len(slots) + n > quota.max_in_flight:
+                    raise OpenAIError(
+                        400, f"This request asks for {len(slots) + n} choices; tenant '{principal.tenant}' may "
+                        f"have at most {quota.max_in_flight} in flight. Send fewer prompts or a smaller 'n'.",
+                        param="n", code="too_many_choices")
+                for _ in range(n):
+                    # a refusal here propagates as the request's 429/503; the slots taken so far are released
+                    # with the others below
+                    slots.append(await admission.acquire(principal.tenant, quota))
+
+            state["admit_more"] = admit_more
 
         # -- run it ------------------------------------------------------------------------------
         srv = rt.settings.server
@@ -351,13 +382,13 @@ class OpsMiddleware:
                 chunk = message.get("body", b"")
                 if audit is not None and (want_content or resp["status"] == 400) and len(resp["body"]) < _CAPTURE_CAP:
                     resp["body"] += chunk
-                if slot is not None and rt.admission is not None and (
+                if slots and rt.admission is not None and (
                     not message.get("more_body", False) or (resp["streamed"] and chunk.endswith(sse.DONE))
                 ):
-                    # Free the slot before the client can see the end of the response ([DONE], or the last
-                    # byte): a client that sends its next request at once must find it free, even when this
+                    # Free the slots before the client can see the end of the response ([DONE], or the last
+                    # byte): a client that sends its next request at once must find them free, even when this
                     # task is slow to reach its ``finally`` on a busy event loop. Releasing twice is a no-op.
-                    await asyncio.shield(rt.admission.release(slot))
+                    await asyncio.shield(_release_all(rt.admission, slots))
             await send(message)
 
         try:
@@ -365,9 +396,9 @@ class OpsMiddleware:
         finally:
             STREAM_TIMEOUTS.reset(t_tok)
             metrics.STATS_SINK.reset(s_tok)
-            if slot is not None and rt.admission is not None:
-                # Shielded: a client disconnect cancels this task, and the slot must still come back.
-                await asyncio.shield(rt.admission.release(slot))
+            if slots and rt.admission is not None:
+                # Shielded: a client disconnect cancels this task, and the slots must still come back.
+                await asyncio.shield(_release_all(rt.admission, slots))
             if audit is not None:
                 try:
                     self._audit(audit, principal, view.guard_policy, state.get("guard_policy_applied"), path, body,

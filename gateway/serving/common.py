@@ -10,7 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.errors import OpenAIError, bad_request, not_found, not_ready
 from guard.api import FAIL_OPEN_SINK, GuardFailure, GuardPolicy, SafetyCut, StreamGuard
@@ -19,6 +19,36 @@ from inference.engine import EngineClient, EngineError, PromptTooLongError
 from inference.types import SamplingOptions, TokenDelta
 
 Item = TokenDelta | SafetyCut
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ServingLimits:
+    """Per-request bounds (``ServerSettings``): fan-out, the prompt gate's wait, inline tokenising."""
+
+    max_prompts: int = 32              # /v1/completions prompt list
+    max_n: int = 16                    # choices per prompt
+    guard_wait_s: float = 30.0         # prompt gate: guard slot + scoring, then 503
+    tokenize_inline_chars: int = 16384  # larger inputs are tokenised in a worker thread
+
+    def check_fan_out(self, prompts: int, n: int) -> int:
+        """The number of choices (engine requests) a request asks for; 400 over the bounds."""
+        if prompts > self.max_prompts:
+            raise bad_request(
+                f"'prompt' holds {prompts} prompts; this deployment accepts at most {self.max_prompts} per request.",
+                param="prompt", code="too_many_prompts",
+            )
+        if n > self.max_n:
+            raise bad_request(f"'n' is {n}; this deployment accepts at most {self.max_n}.", param="n",
+                              code="too_many_choices")
+        return prompts * n
+
+    async def off_loop(self, n_chars: int, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``: inline for small inputs, in a worker thread for big ones, so that tokenising a
+        multi-megabyte prompt does not stall every stream on the event loop."""
+        if n_chars > self.tokenize_inline_chars:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
 
 
 def new_id(prefix: str) -> str:
@@ -319,12 +349,19 @@ class ServingBase:
     """What chat and completions share: the engine, the guard and how a request's guard policy is resolved."""
 
     def __init__(
-        self, engine: EngineClient | None, guard: StreamGuard | None, default_policy: GuardPolicy, *, allow_guard_disable: bool
+        self,
+        engine: EngineClient | None,
+        guard: StreamGuard | None,
+        default_policy: GuardPolicy,
+        *,
+        allow_guard_disable: bool,
+        limits: ServingLimits | None = None,
     ) -> None:
         self.engine = engine
         self.guard = guard
         self.default_policy = default_policy
         self.allow_guard_disable = allow_guard_disable
+        self.limits = limits or ServingLimits()
 
     async def check_prompt(self, conversation: Conversation, policy: GuardPolicy) -> list[GuardFailure]:
         """The prompt gate: raise 400 ``content_filter`` on a cut; return the failures the policy let
@@ -334,7 +371,17 @@ class ServingBase:
             return failures
         token = FAIL_OPEN_SINK.set(failures)
         try:
-            cut = await self.guard.check_prompt(conversation, policy)
+            # Guard slots are fewer than admitted requests: a wait without end would hold the request's
+            # admission slot forever. Bounded, and the caller is told when to come back.
+            async with asyncio.timeout(self.limits.guard_wait_s):
+                cut = await self.guard.check_prompt(conversation, policy)
+        except TimeoutError:
+            raise OpenAIError(
+                503,
+                f"The safety guard could not take this prompt within {self.limits.guard_wait_s:g} s; retry shortly.",
+                code="guard_busy",
+                headers={"Retry-After": str(max(1, round(self.limits.guard_wait_s / 10)))},
+            ) from None
         finally:
             FAIL_OPEN_SINK.reset(token)
         if cut is not None:

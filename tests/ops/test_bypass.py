@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,85 @@ async def test_every_override_is_audited(tmp_path: Path) -> None:
         ("pass", {"response_threshold": 0.1}, None),
         ("override_refused", {"prompt_threshold": 2.0}, "guard.prompt_threshold"),
     ]
+
+
+# -- fan-out, guard waits, tokenising -------------------------------------------------------------------
+def _completion(prompt: Any, **kw: Any) -> dict[str, Any]:
+    return {"model": "scripted", "prompt": prompt, "max_tokens": 4, **kw}
+
+
+async def test_fan_out_is_bounded(tmp_path: Path) -> None:
+    engine = ScriptedEngine()
+    app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url(), max_prompts_per_request=4,
+                      max_choices_per_prompt=2)
+    async with client(app) as c:
+        many = await c.post("/v1/completions", json=_completion(["hi"] * 5))
+        wide = await c.post("/v1/completions", json=_completion("hi", n=3))
+        chat_wide = await c.post("/v1/chat/completions", json=chat(n=3))
+        ok = await c.post("/v1/completions", json=_completion(["hi"] * 4, n=2))
+    assert assert_openai_error(many, 400, "too_many_prompts")["param"] == "prompt"
+    assert assert_openai_error(wide, 400, "too_many_choices")["param"] == "n"
+    assert assert_openai_error(chat_wide, 400, "too_many_choices")["param"] == "n"
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 8
+    assert len(engine.requests) == 8           # only the accepted request reached the engine
+
+
+async def test_each_choice_takes_an_admission_slot(tmp_path: Path) -> None:
+    engine = ScriptedEngine(delay=0.2)
+    ops = OpsSettings(tenants={"default": TenantSettings(max_in_flight=4)})
+    app, rt = make_app(engine, tmp_path, redis_url=dead_redis_url(), ops=ops)
+    async with client(app) as c:
+        over = await c.post("/v1/completions", json=_completion(["a", "b", "c"], n=2))
+        assert assert_openai_error(over, 400, "too_many_choices")["param"] == "n"
+        first = asyncio.create_task(c.post("/v1/completions", json=_completion(["a", "b", "c"])))
+        for _ in range(100):
+            if rt.in_flight == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert rt.in_flight == 3                # one slot per choice, not one per request
+        second = await c.post("/v1/chat/completions", json=chat(n=2))
+        assert_openai_error(second, 429, "rate_limit_exceeded")
+        assert second.headers["retry-after"]
+        assert (await first).status_code == 200
+    assert rt.in_flight == 0                    # every slot came back
+
+
+class _BusyGuard(ScriptedGuard):
+    """Every guard slot is taken: the prompt gate never gets to score."""
+
+    async def check_prompt(self, conversation: Any, policy: GuardPolicy) -> Any:
+        await asyncio.Event().wait()
+
+
+async def test_busy_guard_answers_503_with_retry_after(tmp_path: Path) -> None:
+    engine = ScriptedEngine()
+    app, rt = make_app(engine, tmp_path, redis_url=dead_redis_url(), guard=_BusyGuard(), guard_policy=GuardPolicy(),
+                       guard_wait_timeout_s=0.2)
+    async with client(app) as c:
+        r = await asyncio.wait_for(c.post("/v1/chat/completions", json=chat()), 5)
+    err = assert_openai_error(r, 503, "guard_busy")
+    assert "retry" in err["message"] and int(r.headers["retry-after"]) >= 1
+    assert engine.requests == [] and rt.in_flight == 0
+
+
+class _ThreadNotingEngine(ScriptedEngine):
+    threads: list[str] = []
+
+    def apply_chat_template(self, messages: Any, *, add_generation_prompt: bool = True) -> list[int]:
+        self.threads.append(threading.current_thread().name)
+        return super().apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+
+
+async def test_big_inputs_are_tokenised_off_the_event_loop(tmp_path: Path) -> None:
+    engine = _ThreadNotingEngine(max_model_len=1 << 20)
+    engine.threads = []
+    app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url(), tokenize_inline_chars=1000)
+    loop_thread = threading.current_thread().name
+    async with client(app) as c:
+        assert (await c.post("/v1/chat/completions", json=chat())).status_code == 200
+        big = chat(messages=[{"role": "user", "content": "x" * 5000}])
+        assert (await c.post("/v1/chat/completions", json=big)).status_code == 200
+    assert engine.threads[0] == loop_thread and engine.threads[1] != loop_thread
 
 
 # -- the guard reads the whole conversation -------------------------------------------------------------
