@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -259,3 +260,100 @@ async def test_prompt_gate_scores_every_message(tmp_path: Path, messages: list[d
         r = await c.post("/v1/chat/completions", json=chat(messages=messages))
     err = assert_openai_error(r, 400, "content_filter")
     assert err["safety"]["gate"] == "prompt" and engine.requests == []
+
+
+# -- an exposed deployment is safe by default -----------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_serve_refuses_an_exposed_address_without_auth(capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import _serve, exposure_problem
+
+    args = argparse.Namespace(host="0.0.0.0", port=None, model=None, insecure_no_auth=False)
+    assert _serve(args) == 2                      # refused before anything loads or binds
+    assert "--insecure-no-auth" in capsys.readouterr().err
+    for host in ("0.0.0.0", "::", "10.0.0.5", "gateway.example.com"):
+        assert exposure_problem(host, auth_enabled=False) is not None, host
+        assert exposure_problem(host, auth_enabled=True) is None, host
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"):
+        assert exposure_problem(host, auth_enabled=False) is None, host
+
+
+def test_image_runs_unprivileged_with_keys_on() -> None:
+    lines = [x.strip() for x in (ROOT / "Dockerfile").read_text().splitlines()]
+    users = [x.split()[1] for x in lines if x.startswith("USER ")]
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    assert lines.index(next(x for x in lines if x.startswith("USER "))) < lines.index(
+        next(x for x in lines if x.startswith("CMD ")))
+    assert any("NEXTGUARD_OPS__AUTH__ENABLED=true" in x for x in lines)
+
+
+class _DyingEngine(ScriptedEngine):
+    alive: bool = True
+
+    @property
+    def ready(self) -> bool:
+        return self.alive
+
+
+async def test_dead_engine_fails_liveness_and_exits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gateway.main as main
+
+    engine = _DyingEngine()
+    app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url())
+    async with client(app) as c:
+        assert (await c.get("/health")).status_code == 200
+        engine.alive = False
+        r = await c.get("/health")
+    assert r.status_code == 503 and r.json()["checks"]["engine"] is False
+    # served by `nextguard serve`: the process drains and exits, so the supervisor restarts it
+    kills: list[int] = []
+    monkeypatch.setattr(main, "ENGINE_WATCH_S", 0.01)
+    monkeypatch.setattr(main.os, "kill", lambda pid, sig: kills.append(sig))
+    served = main.create_app(app.state.settings, engine=engine, exit_on_dead_engine=True)
+    async with served.router.lifespan_context(served):
+        for _ in range(200):
+            if kills:
+                break
+            await asyncio.sleep(0.01)
+    assert kills == [signal.SIGTERM]
+
+
+async def test_ready_does_not_echo_the_load_error(tmp_path: Path) -> None:
+    from gateway.main import create_app
+    from tests.ops.conftest import make_settings
+
+    def broken(settings: Any) -> Any:
+        raise RuntimeError("cannot open /secret/path with token hf_abc123")
+
+    app = create_app(make_settings(tmp_path, redis_url=dead_redis_url()), engine_factory=broken)
+    async with app.router.lifespan_context(app):
+        for _ in range(200):
+            if app.state.engine_error:
+                break
+            await asyncio.sleep(0.01)
+        async with client(app) as c:
+            ready = await c.get("/ready")
+            health = await c.get("/health")
+    assert ready.status_code == 503 and health.status_code == 503
+    assert "secret" not in ready.text and "hf_abc123" not in ready.text and ready.json()["error"]
+
+
+async def test_runs_with_redis_down_answer_503_naming_the_queue(tmp_path: Path) -> None:
+    app, _ = make_app(ScriptedEngine(), tmp_path, redis_url=dead_redis_url())
+    async with client(app) as c:
+        r = await asyncio.wait_for(c.get("/v1/runs"), 10)
+    err = assert_openai_error(r, 503, "queue_unavailable")
+    assert "nextguard:suites:queue" in err["message"] and int(r.headers["retry-after"]) >= 1
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+async def test_stop_strings_are_bounded(tmp_path: Path, route: str) -> None:
+    engine = ScriptedEngine()
+    app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url())
+    stop = ["x" * 257]
+    body = chat(stop=stop) if route.endswith("chat/completions") else _completion("hi", stop=stop)
+    async with client(app) as c:
+        r = await c.post(route, json=body)
+        ok = await c.post(route, json={**body, "stop": "x" * 256})
+    assert assert_openai_error(r, 400)["param"] == "stop" and ok.status_code == 200

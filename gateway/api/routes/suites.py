@@ -21,6 +21,7 @@ from offline_suites.keys import Keys
 from offline_suites.registry import UnknownSuiteError, get_suite, list_suites
 
 router = APIRouter()
+REDIS_TIMEOUT_S = 2.0
 
 
 class RunRequest(BaseModel):
@@ -46,7 +47,8 @@ def redis_client(request: Request) -> Any:
         import redis.asyncio as aioredis
 
         url = st.settings.redis.url if getattr(st, "settings", None) is not None else "redis://127.0.0.1:6379/0"
-        client = aioredis.from_url(url)
+        # Bounded: with Redis away the jobs API must answer 503 at once, not hang on the socket.
+        client = aioredis.from_url(url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S)
         st.redis = client
     return client
 
