@@ -144,13 +144,26 @@ def public_view(rec: dict[str, Any], *, include_result: bool = True) -> dict[str
 
 
 # ------------------------------------------------------------------------------------- submission
+def job_serializer(job: dict[str, Any]) -> bytes:
+    """arq's job and result records as JSON. arq's default is pickle, and unpickling what Redis holds runs
+    whatever code anyone who can write Redis put there, in the worker. Our job arguments are ids (str)."""
+    return json.dumps(job, separators=(",", ":"), default=str).encode()
+
+
+def job_deserializer(raw: bytes) -> dict[str, Any]:
+    out = json.loads(raw)
+    if not isinstance(out, dict):
+        raise ValueError("an arq job record must be a JSON object")
+    return out
+
+
 def arq_pool(redis: Any) -> Any:
-    """An ArqRedis sharing the given client's connection pool (arq needs its subclass to enqueue)."""
+    """An ArqRedis sharing the given client's connection pool (arq needs its subclass to enqueue), with the
+    JSON job serializer the workers read."""
     from arq.connections import ArqRedis
 
-    if isinstance(redis, ArqRedis):
-        return redis
-    return ArqRedis(connection_pool=redis.connection_pool)
+    return ArqRedis(connection_pool=redis.connection_pool, job_serializer=job_serializer,
+                    job_deserializer=job_deserializer)
 
 
 async def submit_run(redis: Any, settings: SuiteSettings, suite_name: str, preset: str = "smoke",

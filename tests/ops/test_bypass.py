@@ -357,3 +357,43 @@ async def test_stop_strings_are_bounded(tmp_path: Path, route: str) -> None:
         r = await c.post(route, json=body)
         ok = await c.post(route, json={**body, "stop": "x" * 256})
     assert assert_openai_error(r, 400)["param"] == "stop" and ok.status_code == 200
+
+
+@pytest.mark.redis
+async def test_worker_never_unpickles_a_job(tmp_path: Path, redis_url: str, prefix: str) -> None:
+    """Anything that can write Redis could queue a pickle; the worker must not execute it."""
+    import pickle
+    import time
+
+    import redis.asyncio as aioredis
+    from arq.constants import job_key_prefix
+
+    from offline_suites.config import SuiteSettings
+    from offline_suites.jobs import job_deserializer, job_serializer
+    from offline_suites.keys import Keys
+    from offline_suites.worker import build_worker
+
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (open, (str(marker), "w"))
+
+    s = SuiteSettings(key_prefix=f"{prefix}:suites:", results_dir=tmp_path / "results")
+    keys = Keys(s.key_prefix)
+    r = aioredis.Redis.from_url(redis_url)
+    job_id = keys.job_id("evil")
+    job = {"t": 1, "f": "run_suite", "a": [Payload()], "k": {}, "et": int(time.time() * 1000)}
+    await r.set(job_key_prefix + job_id, pickle.dumps(job))
+    await r.zadd(keys.queue, {job_id: job["et"]})   # arq reads a score of 0 as "not queued"
+    w = build_worker(s, redis_url, burst=True, poll_delay=0.02, handle_signals=False)
+    try:
+        await w.main()
+    finally:
+        await w.close()
+        await r.delete(job_key_prefix + job_id)
+        async for k in r.scan_iter(match=f"arq:*{prefix}*"):
+            await r.delete(k)
+        await r.aclose()
+    assert w.jobs_failed == 1 and not marker.exists()     # read, refused, never unpickled
+    assert job_deserializer(job_serializer({"a": ["run-1"], "t": 1})) == {"a": ["run-1"], "t": 1}
