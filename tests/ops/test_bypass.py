@@ -397,3 +397,26 @@ async def test_worker_never_unpickles_a_job(tmp_path: Path, redis_url: str, pref
         await r.aclose()
     assert w.jobs_failed == 1 and not marker.exists()     # read, refused, never unpickled
     assert job_deserializer(job_serializer({"a": ["run-1"], "t": 1})) == {"a": ["run-1"], "t": 1}
+
+
+def test_compose_keeps_secrets_and_internals_off_the_network() -> None:
+    import yaml
+
+    c = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services, nets = c["services"], c["networks"]
+    assert nets["internal"]["internal"] is True
+    redis = services["redis"]
+    assert "--requirepass" in " ".join(redis["command"]) and "ports" not in redis
+    assert redis["networks"] == ["internal"]
+    assert redis["environment"]["REDISCLI_AUTH"].startswith("${NEXTGUARD_REDIS_PASSWORD:?")
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")   # no admin/admin
+    for name in ("prometheus", "grafana"):
+        assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"]), name
+    env_example = (ROOT / "deploy" / "env.example").read_text()
+    assert "NEXTGUARD_REDIS_PASSWORD=" in env_example and "GRAFANA_ADMIN_PASSWORD=" in env_example
+    lb = (ROOT / "deploy" / "nginx" / "nextguard-lb.conf").read_text()
+    assert "location = /metrics" in lb
+    (retry,) = [x for x in lb.splitlines() if x.strip().startswith("proxy_next_upstream ")]
+    assert "timeout" not in retry            # a slow POST is never replayed on the other replica
