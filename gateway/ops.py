@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import ipaddress
 import json
 import logging
 import os
@@ -113,6 +115,10 @@ class OpsRuntime:
     audit: AuditLog | None
     grants: TenantGrants | None = None
     _tenants: Tenants | None = None
+
+    @functools.cached_property
+    def metrics_networks(self) -> tuple[IPNetwork, ...]:
+        return tuple(ipaddress.ip_network(n, strict=False) for n in self.ops.auth.metrics_networks)
 
     @property
     def tenants(self) -> Tenants:
@@ -290,6 +296,11 @@ class OpsMiddleware:
         loop = asyncio.get_running_loop()
         arrived = loop.time()
 
+        if path == "/metrics" and not _metrics_client_allowed(scope, rt.metrics_networks):
+            # as if the route did not exist: the scrape is for the internal network only
+            await _error_response(OpenAIError(404, f"Unknown route {method} {path}"))(scope, receive, send)
+            return
+
         if rt.draining and not public:
             metrics.SHED.labels("503", "draining").inc()
             await _error_response(
@@ -452,6 +463,21 @@ class OpsMiddleware:
         )
         if records:
             audit.write(records)
+
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _metrics_client_allowed(scope: Scope, networks: tuple[IPNetwork, ...]) -> bool:
+    """The socket peer, never a forwarded header (a client could write one)."""
+    if not networks:
+        return True
+    client = scope.get("client")
+    try:
+        addr = ipaddress.ip_address(client[0]) if client else None
+    except ValueError:
+        return False
+    return addr is not None and any(addr in n for n in networks)
 
 
 _OVERRIDE_FIELDS = ("enabled", "prompt_threshold", "response_threshold", "hold_back")

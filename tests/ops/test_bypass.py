@@ -416,7 +416,75 @@ def test_compose_keeps_secrets_and_internals_off_the_network() -> None:
         assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"]), name
     env_example = (ROOT / "deploy" / "env.example").read_text()
     assert "NEXTGUARD_REDIS_PASSWORD=" in env_example and "GRAFANA_ADMIN_PASSWORD=" in env_example
+    subnet = nets["internal"]["ipam"]["config"][0]["subnet"]
+    assert json.loads(services["gateway"]["environment"]["NEXTGUARD_OPS__AUTH__METRICS_NETWORKS"]) == [subnet]
     lb = (ROOT / "deploy" / "nginx" / "nextguard-lb.conf").read_text()
     assert "location = /metrics" in lb
     (retry,) = [x for x in lb.splitlines() if x.strip().startswith("proxy_next_upstream ")]
     assert "timeout" not in retry            # a slow POST is never replayed on the other replica
+
+
+@pytest.mark.redis
+async def test_identical_run_of_another_tenant_is_its_own(tmp_path: Path, redis_url: str, prefix: str) -> None:
+    """Run ids used to be content hashes: a second tenant submitting the same run became its co-owner and
+    could cancel it."""
+    import redis.asyncio as aioredis
+
+    from offline_suites.config import SuiteSettings
+    from offline_suites.keys import Keys
+
+    app, rt = make_app(ScriptedEngine(), tmp_path, redis_url=redis_url, prefix=prefix,
+                       ops=OpsSettings(auth=AuthSettings(enabled=True, cache_ttl_s=0.0)))
+    s = SuiteSettings(key_prefix=f"{prefix}:suites:", results_dir=tmp_path / "results")
+    app.state.suite_settings = s
+    app.state.redis = aioredis.Redis.from_url(redis_url)
+    run = {"preset": "smoke", "config": {"llm_dialogues": 0, "dialogues": 2}}     # queued only
+    key_a, _ = await rt.keys.create("tenant-a")
+    key_b, _ = await rt.keys.create("tenant-b")
+    try:
+        async with client(app, key_a) as a, client(app, key_b) as b:
+            ra = await a.post("/v1/suites/tableagent/runs", json=run)
+            rb = await b.post("/v1/suites/tableagent/runs", json=run)
+            assert ra.status_code == 201 and rb.status_code == 201, (ra.text, rb.text)
+            a_id, b_id = ra.json()["id"], rb.json()["id"]
+            assert a_id != b_id
+            assert (await a.post("/v1/suites/tableagent/runs", json=run)).json()["id"] == a_id   # A's, again
+            assert_openai_error(await b.post(f"/v1/runs/{a_id}/cancel"), 404, "run_not_found")
+            assert (await a.get(f"/v1/runs/{a_id}")).json()["cancel_requested"] is False
+            # an explicit idempotency key: the same key is the same run, reused for another run a 409
+            h = {"Idempotency-Key": "nightly-2026-12-03"}
+            k1 = await a.post("/v1/suites/tableagent/runs", json={**run, "seed": 5}, headers=h)
+            k2 = await a.post("/v1/suites/tableagent/runs", json={**run, "seed": 5}, headers=h)
+            assert k1.status_code == 201 and k2.status_code == 200 and k1.json()["id"] == k2.json()["id"]
+            assert k1.json()["id"] not in (a_id, b_id)
+            clash = await a.post("/v1/suites/tableagent/runs", json={**run, "seed": 6}, headers=h)
+            assert assert_openai_error(clash, 409, "idempotency_key_reused")["param"] == "Idempotency-Key"
+            kb = await b.post("/v1/suites/tableagent/runs", json={**run, "seed": 5}, headers=h)
+            assert kb.status_code == 201 and kb.json()["id"] != k1.json()["id"]          # keys are per tenant
+    finally:
+        await app.state.redis.aclose()
+        import redis
+
+        r = redis.Redis.from_url(redis_url)
+        for pat in Keys(s.key_prefix).patterns():
+            keys = list(r.scan_iter(match=pat, count=1000))
+            if keys:
+                r.delete(*keys)
+        r.close()
+
+
+async def test_metrics_answer_only_the_internal_network(tmp_path: Path) -> None:
+    import httpx
+
+    ops = OpsSettings(auth=AuthSettings(metrics_networks=("172.31.250.0/24",)))
+    app, _ = make_app(ScriptedEngine(), tmp_path, redis_url=dead_redis_url(), ops=ops)
+
+    async def scrape(peer: str, **headers: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, client=(peer, 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            return await c.get("/metrics", headers=headers)
+
+    assert (await scrape("172.31.250.7")).status_code == 200
+    assert (await scrape("203.0.113.9")).status_code == 404
+    assert (await scrape("203.0.113.9", **{"X-Forwarded-For": "172.31.250.7"})).status_code == 404
+    assert (await scrape("127.0.0.1")).status_code == 404
