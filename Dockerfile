@@ -8,9 +8,14 @@ ENV PYTHONUNBUFFERED=1 \
     NEXTGUARD_HOME=/var/lib/nextguard \
     NEXTGUARD_DEVICE=${DEVICE} \
     NEXTGUARD_SERVER__HOST=0.0.0.0 \
-    NEXTGUARD_SERVER__PORT=8000
+    NEXTGUARD_SERVER__PORT=8000 \
+    NEXTGUARD_OPS__AUTH__ENABLED=true
+# The container listens on every interface, so API keys are on (`nextguard serve` refuses a non-loopback
+# address without them unless --insecure-no-auth); it runs as an unprivileged user.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc g++ libtcmalloc-minimal4 libnuma1 \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 nextguard \
+    && useradd --system --uid 10001 --gid nextguard --home-dir /var/lib/nextguard --no-create-home nextguard
 WORKDIR /app
 # Dependencies first (cached layer): the project metadata and the installer only.
 COPY pyproject.toml README.md ./
@@ -19,8 +24,12 @@ RUN mkdir -p gateway guard inference offline_suites && touch gateway/__init__.py
     inference/__init__.py offline_suites/__init__.py && scripts/install.sh guard
 COPY . .
 RUN .venv/bin/pip install --no-deps -e . \
-    && .venv/bin/python -c "from inference.embedded import ensure_embedded_model; ensure_embedded_model()"
-ENV PATH=/app/.venv/bin:$PATH
+    && .venv/bin/python -c "from inference.embedded import ensure_embedded_model; ensure_embedded_model()" \
+    && chown -R nextguard:nextguard /var/lib/nextguard
+# caches (torch, triton, vLLM) go under HOME, which the unprivileged user owns
+ENV PATH=/app/.venv/bin:$PATH \
+    HOME=/var/lib/nextguard
+USER nextguard:nextguard
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=180s --retries=3 \
   CMD python -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=2).status == 200 else 1)"

@@ -2,7 +2,10 @@
 
 Each guarded request leaves one line per decision: ``intervened`` (a safety cut, prompt or response
 gate), ``guard_error`` (the guard failed and the policy failed closed), ``fail_open`` (the guard failed and
-the policy let the text through unscored), or ``pass`` (guarded, not cut).
+the policy let the text through unscored), or ``pass`` (guarded, not cut). A request that switched the
+guard off (a permission the operator grants) leaves a ``guard_disabled`` line, a refused override an
+``override_refused`` line, and every line of a request that sent guard overrides carries them
+(``guard_overrides``), so each loosening attempt and each tightening is on record.
 Lines carry ids, the tenant, the category, the score, the threshold, the offsets and the SAE feature
 ids; never the text unless ``ops.audit.include_content`` is on.
 
@@ -89,6 +92,9 @@ class AuditLog:
         guarded: bool,
         fail_closed: bool,
         content: dict[str, Any] | None,
+        overrides: dict[str, Any] | None = None,
+        guard_disabled: bool = False,
+        override_refused: str | None = None,
     ) -> list[dict[str, Any]]:
         base = {
             "ts": round(time.time(), 3),
@@ -100,7 +106,11 @@ class AuditLog:
             "fail_closed": fail_closed,
             "pid": os.getpid(),
         }
+        if overrides:
+            base["guard_overrides"] = overrides
         out: list[dict[str, Any]] = []
+        if override_refused is not None:
+            out.append({**base, "gate": None, "decision": "override_refused", "param": override_refused})
         if prompt_cut is not None:
             out.append({**base, "model": prompt_cut.pop("_model", None), **prompt_cut})
         for st in stats:
@@ -109,7 +119,12 @@ class AuditLog:
             for f in st.guard_fail_open:
                 out.append({**base, "model": st.model, "gate": f.gate, "decision": "fail_open", "category": None,
                             "token_offset": f.token_offset, "error": f.error, "disconnected": st.disconnected})
-            if guarded and not st.cuts and not st.guard_fail_open and self.settings.log_passes:
+            if guard_disabled:
+                out.append({**base, "model": st.model, "gate": None, "decision": "guard_disabled",
+                            "completion_tokens": st.completion_tokens, "finish_reasons": st.finish_reasons,
+                            "disconnected": st.disconnected})
+            # a pass under overrides is logged even without log_passes: every override leaves a line
+            if guarded and not st.cuts and not st.guard_fail_open and (self.settings.log_passes or overrides):
                 out.append({**base, "model": st.model, "gate": "response", "decision": "pass",
                             "completion_tokens": st.completion_tokens, "finish_reasons": st.finish_reasons,
                             "disconnected": st.disconnected})

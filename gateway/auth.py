@@ -229,8 +229,9 @@ class Authenticator:
 
 
 class OwnerStore:
-    """Which tenants may see a resource (run, batch, file). Runs are idempotent by content, so two tenants
-    submitting the same run both own it: the owner record is a set."""
+    """Which tenants may see a resource (run, batch, file). Run ids are scoped to their submitter
+    (``offline_suites.jobs.scoped_run_id``), so each record names one tenant in practice; it is a set so that
+    claiming again is harmless."""
 
     def __init__(self, redis: Any, prefix: str, ttl_s: int = 30 * 86400) -> None:
         self.redis = redis

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import ipaddress
 import logging
 import os
 import sys
@@ -13,6 +14,27 @@ from collections.abc import Sequence
 # Layers that contribute subcommands; each module exposes ``add_subcommands(subparsers)``.
 # Listed explicitly so the command set is deterministic; a listed module that is missing is a bug.
 SUBCOMMAND_MODULES = ("gateway.ops_cli", "guard.cli", "offline_suites.cli", "inference.pbs_attn.cli")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False        # a hostname or a wildcard resolves to who knows which interfaces
+
+
+def exposure_problem(host: str, auth_enabled: bool) -> str | None:
+    """Why serving on ``host`` would be unsafe, or None. Without API keys anyone who reaches the port can
+    generate, read every tenant's jobs and, where granted, switch the guard off; only loopback is private."""
+    if auth_enabled or is_loopback(host):
+        return None
+    return (
+        f"refusing to serve on {host!r} without authentication: anyone who reaches this address could use "
+        "the model and the jobs API. Turn keys on (NEXTGUARD_OPS__AUTH__ENABLED=true, then `nextguard keys "
+        "create --tenant <name>`), bind to 127.0.0.1, or pass --insecure-no-auth if this network is private."
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -29,12 +51,18 @@ def _serve(args: argparse.Namespace) -> int:
     # --port 0: the OS picks a free port at bind time (uvicorn logs the one it got), so a launcher never
     # has to guess a port that someone else may take before the server binds it.
     port = settings.server.port if args.port is None else args.port
+    problem = exposure_problem(host, settings.ops.auth.enabled)
+    if problem is not None:
+        if not args.insecure_no_auth:
+            sys.stderr.write(problem + "\n")
+            return 2
+        logging.getLogger(__name__).warning("serving on %s WITHOUT authentication (--insecure-no-auth)", host)
     settings.server.host = host
     if port:
         settings.server.port = port
     if settings.redis.embedded:
         ensure_local_redis(settings.redis.url, settings.home / "redis")
-    app = create_app(settings)
+    app = create_app(settings, exit_on_dead_engine=True)
     uvicorn.run(
         app,
         host=host,
@@ -59,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default=None)
     serve.add_argument("--port", type=int, default=None, help="0 = any free port (logged at start-up)")
     serve.add_argument("--model", default=None, help="HF model id or local folder (default: embedded SmolLM2)")
+    serve.add_argument("--insecure-no-auth", action="store_true",
+                       help="allow a non-loopback --host without API keys (a private network only)")
     serve.set_defaults(func=_serve)
 
     bench = sub.add_parser("bench", help="benchmarks")

@@ -30,6 +30,15 @@ class ServerSettings(BaseModel):
     first_token_timeout_s: float = Field(default=120.0, gt=0)
     idle_token_timeout_s: float = Field(default=60.0, gt=0, description="Longest silence between two tokens.")
     drain_timeout_s: float = Field(default=30.0, ge=0, description="On SIGTERM, wait this long for open streams.")
+    # Fan-out: every choice is its own engine request and guard stream, and each one takes an admission slot.
+    max_prompts_per_request: int = Field(default=32, ge=1, description="/v1/completions: longest `prompt` list.")
+    max_choices_per_prompt: int = Field(default=16, ge=1, le=16, description="Largest `n`.")
+    guard_wait_timeout_s: float = Field(
+        default=30.0, gt=0, description="Longest the prompt gate may take (a guard slot, then scoring) before 503."
+    )
+    tokenize_inline_chars: int = Field(
+        default=16384, ge=0, description="Larger inputs are tokenised in a worker thread, off the event loop."
+    )
 
 
 class RedisSettings(BaseModel):
@@ -54,7 +63,9 @@ class Settings(BaseSettings):
     suites: SuiteSettings = Field(default_factory=SuiteSettings)
     ops: OpsSettings = Field(default_factory=OpsSettings)
     allow_guard_disable: bool = Field(
-        default=True, description="Requests may send guard.enabled=false (tenant policy can forbid it)."
+        default=False,
+        description="Every tenant's requests may send guard.enabled=false. Off: grant it per tenant instead "
+        "(`nextguard keys grant --tenant T guard_disable`, or ops.tenants.<T>.allow_guard_disable).",
     )
 
     @model_validator(mode="after")

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,18 @@ def _validation_error(exc: RequestValidationError) -> OpenAIError:
     return bad_request(text, param=param, code="invalid_value" if param else None)
 
 
+QUEUE_RETRY_AFTER_S = 5
+
+
+def _queue_name(request: Request) -> str:
+    from offline_suites.config import SuiteSettings
+    from offline_suites.keys import Keys
+
+    st = request.app.state
+    s = getattr(st, "suite_settings", None) or getattr(getattr(st, "settings", None), "suites", None)
+    return Keys((s if isinstance(s, SuiteSettings) else SuiteSettings()).key_prefix).queue
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
@@ -114,6 +127,18 @@ def install_error_handlers(app: FastAPI) -> None:
             detail = f"Unknown route {request.method} {request.url.path}"
         err = OpenAIError(exc.status_code, detail)
         return JSONResponse(err.body(), status_code=exc.status_code, headers=dict(exc.headers or {}))
+
+    @app.exception_handler(RedisError)
+    async def _redis_down(request: Request, exc: RedisError) -> JSONResponse:
+        # Only the jobs API (runs, batches, files) needs Redis to answer; streaming degrades to local limits.
+        queue = _queue_name(request)
+        log.warning("%s %s -> 503: Redis (job queue %s) unavailable: %s", request.method, request.url.path, queue,
+                    type(exc).__name__)
+        err = OpenAIError(
+            503, f"The job queue '{queue}' (Redis) is unreachable; retry shortly.", code="queue_unavailable",
+            headers={"Retry-After": str(QUEUE_RETRY_AFTER_S)},
+        )
+        return JSONResponse(err.body(), status_code=503, headers=err.headers)
 
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, cast
@@ -21,6 +23,7 @@ from gateway.config import Settings, get_settings
 from gateway.errors import install_error_handlers
 from gateway.ops import install_ops
 from gateway.serving.chat import ServingChat
+from gateway.serving.common import ServingLimits
 from gateway.serving.completions import ServingCompletion
 from guard.api import GuardPolicy, StreamGuard
 from inference.engine import EngineClient
@@ -51,12 +54,30 @@ def _set_engine(app: FastAPI, engine: EngineClient | None, guard: StreamGuard | 
     st.engine = engine
     if guard is not None:
         st.guard = guard
-    st.serving_chat = ServingChat(engine, st.guard, st.guard_policy, allow_guard_disable=st.allow_guard_disable)
+    srv = st.settings.server
+    limits = ServingLimits(max_prompts=srv.max_prompts_per_request, max_n=srv.max_choices_per_prompt,
+                           guard_wait_s=srv.guard_wait_timeout_s, tokenize_inline_chars=srv.tokenize_inline_chars)
+    st.serving_chat = ServingChat(engine, st.guard, st.guard_policy, allow_guard_disable=st.allow_guard_disable,
+                                  limits=limits)
     st.serving_completion = ServingCompletion(
-        engine, st.guard, st.guard_policy, allow_guard_disable=st.allow_guard_disable
+        engine, st.guard, st.guard_policy, allow_guard_disable=st.allow_guard_disable, limits=limits
     )
     if engine is not None:
         metrics.set_engine_running_source(lambda: float(engine.num_running()))
+
+
+ENGINE_WATCH_S = 5.0
+
+
+async def _exit_when_engine_dies(app: FastAPI) -> None:
+    while True:
+        await asyncio.sleep(ENGINE_WATCH_S)
+        engine = app.state.engine
+        if engine is not None and not engine.ready and not app.state.draining:
+            log.error("the engine died; shutting down (open streams drain) so that the supervisor restarts us")
+            # the same path as `docker stop`: the ops layer drains, uvicorn waits for open streams, then exits
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
 
 
 def create_app(
@@ -68,9 +89,12 @@ def create_app(
     guard_factory: GuardFactory | None = None,
     guard_policy: GuardPolicy | None = None,
     allow_guard_disable: bool | None = None,
+    exit_on_dead_engine: bool = False,
 ) -> FastAPI:
     """Build the app. Without ``engine`` the vLLM engine loads in the background; without ``guard`` the
-    NExT-Guard monitor is built from ``settings.guard`` when enabled (tests inject doubles instead)."""
+    NExT-Guard monitor is built from ``settings.guard`` when enabled (tests inject doubles instead).
+    ``exit_on_dead_engine`` (``nextguard serve``): once the engine dies, drain and exit so that the
+    supervisor restarts the process; a dead engine never recovers in place."""
     settings = settings or get_settings()
     factory = engine_factory or _default_engine_factory
     build_guard = guard is None and settings.guard.enabled
@@ -86,15 +110,18 @@ def create_app(
                     g = await asyncio.to_thread(gfactory, settings, eng) if build_guard else None
                 except Exception as e:     # keep serving /health and report the cause on /ready
                     log.exception("engine or guard failed to load")
-                    app.state.engine_error = f"{type(e).__name__}: {e}"
+                    app.state.engine_error = type(e).__name__
                     return
                 _set_engine(app, eng, g)
                 log.info("engine ready: %s (guard: %s)", eng.model_card.id, g.name if g is not None else "off")
 
             loader = asyncio.create_task(load())
+        watchdog = asyncio.create_task(_exit_when_engine_dies(app)) if exit_on_dead_engine else None
         try:
             yield
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             app.state.draining = True
             if loader is not None and not loader.done():
                 loader.cancel()

@@ -6,9 +6,10 @@ It adds one pure-ASGI middleware (outermost, so it sees every request, streamed 
 2. reads the body with a hard size cap (also for chunked uploads, which carry no Content-Length) -> 413;
 3. authenticates the API key and sets ``request.state.principal`` / ``.tenant`` / ``.guard_policy``
    (the tenant's resolved ``guard.api.GuardPolicy``) / ``.allow_guard_disable``;
-4. takes an admission slot for generation routes (429 quota vs 503 overload, ``Retry-After``);
+4. takes an admission slot for generation routes (429 quota vs 503 overload, ``Retry-After``), and lets
+   the route take one more per further choice (:func:`admit_choices`);
 5. sets the request's stream timeouts (``gateway.serving.common.STREAM_TIMEOUTS``) and a stats sink;
-6. after the response is done: releases the slot and writes the audit lines of the guard decisions.
+6. after the response is done: releases the slots and writes the audit lines of the guard decisions.
 
 It also wraps the app's lifespan (lease renewal, SIGTERM drain hook, clean close). Without a running
 lifespan (in-process test clients) everything still works: Redis connects lazily.
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import ipaddress
 import json
 import logging
 import os
@@ -39,8 +42,8 @@ from gateway.audit import AuditLog, prompt_cut_from_error, released_text
 from gateway.auth import Authenticator, KeyStore, OwnerStore, Principal
 from gateway.errors import OpenAIError
 from gateway.ops_config import OpsSettings
-from gateway.serving.common import STREAM_TIMEOUTS, StreamStats, StreamTimeouts
-from gateway.tenants import Tenants
+from gateway.serving.common import GUARD_OVERRIDE_REFUSED, STREAM_TIMEOUTS, StreamStats, StreamTimeouts
+from gateway.tenants import GUARD_DISABLE, TenantGrants, Tenants
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +113,12 @@ class OpsRuntime:
     auth: Authenticator | None
     admission: AdmissionController | None
     audit: AuditLog | None
+    grants: TenantGrants | None = None
     _tenants: Tenants | None = None
+
+    @functools.cached_property
+    def metrics_networks(self) -> tuple[IPNetwork, ...]:
+        return tuple(ipaddress.ip_network(n, strict=False) for n in self.ops.auth.metrics_networks)
 
     @property
     def tenants(self) -> Tenants:
@@ -170,11 +178,39 @@ def install_ops(app: FastAPI, settings: Any, ops: OpsSettings | None = None) -> 
         auth=Authenticator(ops.auth, keys) if ops.auth.enabled else None,
         admission=AdmissionController(ops.admission, redis, prefix) if ops.admission.enabled else None,
         audit=AuditLog(ops.audit, settings.home) if ops.audit.enabled else None,
+        grants=TenantGrants(redis, prefix, ttl_s=ops.auth.cache_ttl_s),
     )
     app.state.ops = rt
     app.add_middleware(OpsMiddleware, runtime=rt)
     _wrap_lifespan(app, rt)
     return rt
+
+
+async def _release_all(admission: AdmissionController, slots: list[Slot]) -> None:
+    for s in list(slots):
+        await admission.release(s)
+
+
+async def admit_choices(request: Any, choices: int) -> None:
+    """Count every choice of a request by admission: the middleware took one slot for the request, this
+    takes one more per further choice (each is its own engine request and guard stream). Over the tenant's
+    in-flight quota it answers 400; a full deployment or tenant, 503/429 as for any request."""
+    admit_more = getattr(request.state, "admit_more", None)
+    if admit_more is not None and choices > 1:
+        await admit_more(choices - 1)
+
+
+async def may_disable_guard(request: Any, overrides: Any | None) -> bool | None:
+    """Whether this request may switch the guard off (``guard.enabled=false``): the settings' permission for
+    its tenant, else a grant from ``nextguard keys grant``. Redis is asked only when the request wants the
+    guard off. ``None`` (no ops layer) leaves the decision to the serving defaults."""
+    allowed: bool | None = getattr(request.state, "allow_guard_disable", None)
+    if overrides is None or overrides.enabled is not False or allowed:
+        return allowed
+    rt = getattr(request.app.state, "ops", None)
+    if rt is None or rt.grants is None:
+        return allowed
+    return await rt.grants.has(request.state.tenant, GUARD_DISABLE)
 
 
 def _wrap_lifespan(app: FastAPI, rt: OpsRuntime) -> None:
@@ -260,6 +296,11 @@ class OpsMiddleware:
         loop = asyncio.get_running_loop()
         arrived = loop.time()
 
+        if path == "/metrics" and not _metrics_client_allowed(scope, rt.metrics_networks):
+            # as if the route did not exist: the scrape is for the internal network only
+            await _error_response(OpenAIError(404, f"Unknown route {method} {path}"))(scope, receive, send)
+            return
+
         if rt.draining and not public:
             metrics.SHED.labels("503", "draining").inc()
             await _error_response(
@@ -299,6 +340,7 @@ class OpsMiddleware:
 
         # -- admission ---------------------------------------------------------------------------
         slot: Slot | None = None
+        slots: list[Slot] = []          # the request's slot, then one per further choice (admit_more)
         if rt.admission is not None and method == "POST" and path in rt.ops.admission.paths:
             try:
                 slot = await rt.admission.acquire(principal.tenant, view.quota)
@@ -306,6 +348,21 @@ class OpsMiddleware:
                 metrics.REQUESTS.labels(_route_label(path), str(e.status)).inc()
                 await _error_response(e)(scope, receive, send)
                 return
+            slots.append(slot)
+            admission, quota = rt.admission, view.quota
+
+            async def admit_more(n: int) -> None:
+                if len(slots) + n > quota.max_in_flight:
+                    raise OpenAIError(
+                        400, f"This request asks for {len(slots) + n} choices; tenant '{principal.tenant}' may "
+                        f"have at most {quota.max_in_flight} in flight. Send fewer prompts or a smaller 'n'.",
+                        param="n", code="too_many_choices")
+                for _ in range(n):
+                    # a refusal here propagates as the request's 429/503; the slots taken so far are released
+                    # with the others below
+                    slots.append(await admission.acquire(principal.tenant, quota))
+
+            state["admit_more"] = admit_more
 
         # -- run it ------------------------------------------------------------------------------
         srv = rt.settings.server
@@ -336,13 +393,13 @@ class OpsMiddleware:
                 chunk = message.get("body", b"")
                 if audit is not None and (want_content or resp["status"] == 400) and len(resp["body"]) < _CAPTURE_CAP:
                     resp["body"] += chunk
-                if slot is not None and rt.admission is not None and (
+                if slots and rt.admission is not None and (
                     not message.get("more_body", False) or (resp["streamed"] and chunk.endswith(sse.DONE))
                 ):
-                    # Free the slot before the client can see the end of the response ([DONE], or the last
-                    # byte): a client that sends its next request at once must find it free, even when this
+                    # Free the slots before the client can see the end of the response ([DONE], or the last
+                    # byte): a client that sends its next request at once must find them free, even when this
                     # task is slow to reach its ``finally`` on a busy event loop. Releasing twice is a no-op.
-                    await asyncio.shield(rt.admission.release(slot))
+                    await asyncio.shield(_release_all(rt.admission, slots))
             await send(message)
 
         try:
@@ -350,16 +407,17 @@ class OpsMiddleware:
         finally:
             STREAM_TIMEOUTS.reset(t_tok)
             metrics.STATS_SINK.reset(s_tok)
-            if slot is not None and rt.admission is not None:
-                # Shielded: a client disconnect cancels this task, and the slot must still come back.
-                await asyncio.shield(rt.admission.release(slot))
+            if slots and rt.admission is not None:
+                # Shielded: a client disconnect cancels this task, and the slots must still come back.
+                await asyncio.shield(_release_all(rt.admission, slots))
             if audit is not None:
                 try:
-                    self._audit(audit, principal, view.guard_policy, view.allow_guard_disable, path, body, resp, sink)
+                    self._audit(audit, principal, view.guard_policy, state.get("guard_policy_applied"), path, body,
+                                resp, sink)
                 except Exception:   # auditing must never turn a served response into an error
                     log.exception("audit failed for %s", resp["request_id"])
 
-    def _audit(self, audit: AuditLog, principal: Principal, policy: Any, allow_disable: bool, path: str,
+    def _audit(self, audit: AuditLog, principal: Principal, policy: Any, applied: Any, path: str,
                body: bytes, resp: dict[str, Any], sink: list[StreamStats]) -> None:
         req: dict[str, Any] = {}
         with contextlib.suppress(ValueError, TypeError):
@@ -371,11 +429,16 @@ class OpsMiddleware:
                                            str(req.get("model"))).inc()
             if prompt_cut["decision"] == "guard_error":
                 metrics.GUARD_FAILURES.labels("fail_closed").inc()
-        guard_on = self.rt.app.state.guard is not None and bool(getattr(policy, "enabled", False))
-        overrides = req.get("guard")
-        if isinstance(overrides, dict) and overrides.get("enabled") is False and allow_disable:
-            guard_on = False
-        if prompt_cut is None and not sink:
+        # ``applied``: the policy the serving code resolved for this request (overrides and permission included)
+        effective = applied if applied is not None else policy
+        guard_on = self.rt.app.state.guard is not None and bool(getattr(effective, "enabled", False))
+        overrides = _asked_overrides(req.get("guard"))
+        guard_disabled = (
+            self.rt.app.state.guard is not None and bool(getattr(policy, "enabled", False)) and not guard_on
+            and overrides.get("enabled") is False
+        )
+        refused = _override_refusal(bytes(resp["body"])) if resp["status"] == 400 else None
+        if prompt_cut is None and not sink and refused is None:
             return
         content = None
         if audit.settings.include_content:
@@ -394,9 +457,48 @@ class OpsMiddleware:
             guarded=guard_on,
             fail_closed=bool(getattr(policy, "fail_closed", True)),
             content=content,
+            overrides=overrides or None,
+            guard_disabled=guard_disabled,
+            override_refused=refused,
         )
         if records:
             audit.write(records)
+
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _metrics_client_allowed(scope: Scope, networks: tuple[IPNetwork, ...]) -> bool:
+    """The socket peer, never a forwarded header (a client could write one)."""
+    if not networks:
+        return True
+    client = scope.get("client")
+    try:
+        addr = ipaddress.ip_address(client[0]) if client else None
+    except ValueError:
+        return False
+    return addr is not None and any(addr in n for n in networks)
+
+
+_OVERRIDE_FIELDS = ("enabled", "prompt_threshold", "response_threshold", "hold_back")
+
+
+def _asked_overrides(guard: Any) -> dict[str, Any]:
+    """The guard overrides a request sent (``include_scores`` changes what is shown, not what is cut)."""
+    if not isinstance(guard, dict):
+        return {}
+    return {k: guard[k] for k in _OVERRIDE_FIELDS if guard.get(k) is not None}
+
+
+def _override_refusal(body: bytes) -> str | None:
+    """The field of a refused guard override, read back from our own 400."""
+    try:
+        err = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(err, dict) or err.get("code") != GUARD_OVERRIDE_REFUSED:
+        return None
+    return str(err.get("param"))
 
 
 def _check_length(scope: Scope, limit: int) -> None:

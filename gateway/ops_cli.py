@@ -1,4 +1,4 @@
-"""``nextguard keys create|list|revoke`` and ``nextguard bench load``.
+"""``nextguard keys create|list|revoke|grant|ungrant|grants`` and ``nextguard bench load``.
 
 ``gateway.cli`` calls :func:`add_subcommands` and :func:`add_bench_subcommands` (listed in its
 ``SUBCOMMAND_MODULES``). Key commands talk to Redis directly: they are for the operator on the box, the
@@ -44,11 +44,34 @@ def _store(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def _keys(args: argparse.Namespace) -> int:
     from gateway.auth import KeyNotFound
+    from gateway.tenants import TenantGrants
 
     async def run() -> int:
         client, store = _store(args)
+        grants = TenantGrants(client, store.prefix)
         try:
-            if args.keys_command == "create":
+            if args.keys_command in ("grant", "ungrant"):
+                try:
+                    if args.keys_command == "grant":
+                        await grants.grant(args.tenant, args.permission)
+                        changed = True
+                    else:
+                        changed = await grants.revoke(args.tenant, args.permission)
+                except ValueError as e:
+                    sys.stderr.write(f"{e}\n")
+                    return 2
+                now = (await grants.list(args.tenant)).get(args.tenant, [])
+                verb = "granted" if args.keys_command == "grant" else ("revoked" if changed else "did not have")
+                _out(json.dumps({"tenant": args.tenant, "grants": now}) if args.json
+                     else f"tenant {args.tenant} {verb} {args.permission} (effective within ops.auth.cache_ttl_s)")
+            elif args.keys_command == "grants":
+                listed = await grants.list(args.tenant)
+                if args.json:
+                    _out(json.dumps(listed))
+                else:
+                    for tenant, perms in listed.items():
+                        _out(f"{tenant}\t{','.join(perms)}")
+            elif args.keys_command == "create":
                 plain, rec = await store.create(args.tenant, args.name)
                 if args.json:
                     _out(json.dumps({"key": plain, **rec.public()}))
@@ -89,6 +112,18 @@ def add_subcommands(subparsers: Any) -> None:
     ls.add_argument("--tenant", default=None)
     r = ks.add_parser("revoke", help="revoke a key by its id (effective within ops.auth.cache_ttl_s)")
     r.add_argument("key_id")
+    from gateway.tenants import GRANTS
+
+    for name, text in (
+        ("grant", "grant a tenant a permission; guard_disable: its requests may send guard.enabled=false "
+                  "(each such request is audited)"),
+        ("ungrant", "take a permission back (effective within ops.auth.cache_ttl_s)"),
+    ):
+        g = ks.add_parser(name, help=text)
+        g.add_argument("--tenant", required=True)
+        g.add_argument("permission", choices=GRANTS)
+    gl = ks.add_parser("grants", help="list the permissions granted to tenants")
+    gl.add_argument("--tenant", default=None)
     keys.set_defaults(func=_keys)
 
 

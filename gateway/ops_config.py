@@ -8,6 +8,7 @@ Timeouts (first token, idle, total) and the drain window live in ``ServerSetting
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
@@ -39,6 +40,18 @@ class AuthSettings(BaseModel):
         description="Paths that never need a key (probes, scrape, schema, the playground page; its API calls "
         "still do). An entry ending in '/' also covers everything below it.",
     )
+    metrics_networks: tuple[str, ...] = Field(
+        default=(),
+        description="When set, /metrics answers only clients in these networks (CIDR, e.g. the internal "
+        "network Prometheus scrapes on) and 404 to everyone else. Empty: anyone who reaches the port.",
+    )
+
+    @field_validator("metrics_networks")
+    @classmethod
+    def _cidrs(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for net in v:
+            ipaddress.ip_network(net, strict=False)     # raises on a typo at start-up, not at scrape time
+        return v
 
 
 class GuardPolicyOverrides(BaseModel):

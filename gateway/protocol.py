@@ -12,6 +12,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# Each stop string is matched against the text at every step: a long one is the caller's cost paid by all.
+MAX_STOP_CHARS = 256
+
+
+def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
+    if isinstance(v, list) and len(v) > 4:
+        raise ValueError("'stop' accepts at most 4 sequences")
+    for s in [v] if isinstance(v, str) else v or []:
+        if len(s) > MAX_STOP_CHARS:
+            raise ValueError(f"each 'stop' sequence may be at most {MAX_STOP_CHARS} characters")
+    return v
+
 
 class OpenAIBaseModel(BaseModel):
     # Unknown request fields are accepted (clients send vendor extras) but never acted upon.
@@ -40,13 +52,21 @@ class StreamOptions(OpenAIBaseModel):
 
 
 class GuardOverrides(OpenAIBaseModel):
-    """Per-request guard policy (only narrows what the tenant policy allows)."""
+    """Per-request guard policy. It may only tighten the operator's policy for the caller's tenant: a
+    threshold at most the operator's, a hold-back at least the operator's; anything looser is a 400 naming
+    the field. ``enabled=false`` takes effect only for a tenant the operator granted it."""
 
-    enabled: bool | None = None
+    enabled: bool | None = Field(
+        default=None, description="false switches the guard off, where the operator allows it for the tenant."
+    )
     # guard scores are pooled read-outs with a bias, so a threshold may be any finite number
-    prompt_threshold: float | None = Field(default=None, allow_inf_nan=False)
-    response_threshold: float | None = Field(default=None, allow_inf_nan=False)
-    hold_back: int | None = Field(default=None, ge=1, le=64)
+    prompt_threshold: float | None = Field(
+        default=None, allow_inf_nan=False, description="At most the operator's prompt threshold."
+    )
+    response_threshold: float | None = Field(
+        default=None, allow_inf_nan=False, description="At most the operator's response threshold."
+    )
+    hold_back: int | None = Field(default=None, ge=1, le=64, description="At least the operator's hold-back.")
     include_scores: bool = Field(default=False, description="Attach per-token `risk` scores to streamed choices.")
 
 
@@ -118,9 +138,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list) and len(v) > 4:
-            raise ValueError("'stop' accepts at most 4 sequences")
-        return v
+        return _check_stop(v)
 
     @model_validator(mode="after")
     def _checks(self) -> ChatCompletionRequest:
@@ -241,9 +259,12 @@ class CompletionRequest(OpenAIBaseModel):
             raise ValueError("'stream_options' is only allowed when 'stream' is true")
         if self.max_tokens == 0 and not self.echo:
             raise ValueError("'max_tokens' may be 0 only together with 'echo'")
-        if isinstance(self.stop, list) and len(self.stop) > 4:
-            raise ValueError("'stop' accepts at most 4 sequences")
         return self
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, v: str | list[str] | None) -> str | list[str] | None:
+        return _check_stop(v)
 
 
 class CompletionLogprobs(OpenAIBaseModel):

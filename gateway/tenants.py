@@ -2,16 +2,27 @@
 
 The deployment-wide guard policy (``app.state.guard_policy``) is the base; a tenant's entry overrides
 only the fields it sets. Request-level ``guard`` overrides are applied later by the serving code and may
-only narrow what the tenant allows (``allow_guard_disable``).
+only tighten it, and may switch the guard off only where the operator allows it: the settings
+(``allow_guard_disable``, deployment-wide or per tenant) or a grant stored with ``nextguard keys grant``
+(:class:`TenantGrants`). Both are off by default.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.ops_config import AdmissionSettings, OpsSettings, TenantSettings
 from guard.api import GuardPolicy
+
+log = logging.getLogger(__name__)
+
+GUARD_DISABLE = "guard_disable"
+# What an operator can grant a tenant. A grant only ever loosens, so every one is named here on purpose.
+GRANTS: tuple[str, ...] = (GUARD_DISABLE,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,3 +89,67 @@ def resolve_policy(base: GuardPolicy, tenant: TenantSettings) -> GuardPolicy:
     if "categories" in changes:
         changes["categories"] = tuple(changes["categories"])
     return dataclasses.replace(base, **changes) if changes else base
+
+
+class TenantGrants:
+    """Permissions an operator grants a tenant (``nextguard keys grant``), one Redis set per tenant
+    (``<p>:grants:<tenant>``), so every replica sees the same grants.
+
+    The request path reads a grant only when a request asks for what it permits. Answers are cached for
+    ``ttl_s`` (the revocation lag). A grant loosens the guard, so when Redis cannot answer it is refused:
+    the request stays guarded rather than trusting a stale yes."""
+
+    def __init__(self, redis: Any, prefix: str, ttl_s: float = 5.0, clock: Any = time.monotonic) -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._cache: dict[tuple[str, str], tuple[bool, float]] = {}
+
+    def _key(self, tenant: str) -> str:
+        return f"{self.prefix}:grants:{tenant}"
+
+    @staticmethod
+    def _check(tenant: str, grant: str) -> None:
+        if not tenant or not tenant.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"tenant {tenant!r}: use letters, digits, '-' and '_' only")
+        if grant not in GRANTS:
+            raise ValueError(f"unknown grant {grant!r}; known: {', '.join(GRANTS)}")
+
+    async def grant(self, tenant: str, grant: str) -> None:
+        self._check(tenant, grant)
+        await self.redis.sadd(self._key(tenant), grant)
+
+    async def revoke(self, tenant: str, grant: str) -> bool:
+        """Whether the tenant had the grant."""
+        self._check(tenant, grant)
+        return bool(await self.redis.srem(self._key(tenant), grant))
+
+    async def list(self, tenant: str | None = None) -> dict[str, list[str]]:
+        if tenant is not None:
+            keys = [self._key(tenant)]
+        else:
+            keys = [k.decode() if isinstance(k, bytes) else k async for k in self.redis.scan_iter(match=self._key("*"))]
+        out: dict[str, list[str]] = {}
+        for k in sorted(keys):
+            members = await self.redis.smembers(k)
+            if members:
+                out[k.rsplit(":", 1)[1]] = sorted(m.decode() if isinstance(m, bytes) else m for m in members)
+        return out
+
+    async def has(self, tenant: str, grant: str) -> bool:
+        from gateway.auth import REDIS_DOWN
+
+        now = self.clock()
+        hit = self._cache.get((tenant, grant))
+        if hit is not None and now - hit[1] <= self.ttl_s:
+            return hit[0]
+        try:
+            ok = bool(await self.redis.sismember(self._key(tenant), grant))
+        except REDIS_DOWN as e:
+            log.warning("grant %s of tenant %s not checked (Redis: %s); refused", grant, tenant, type(e).__name__)
+            return False
+        if len(self._cache) > 10_000:
+            self._cache.clear()     # bounded: tenants come from keys, but stay safe anyway
+        self._cache[(tenant, grant)] = (ok, now)
+        return ok

@@ -144,26 +144,60 @@ def public_view(rec: dict[str, Any], *, include_result: bool = True) -> dict[str
 
 
 # ------------------------------------------------------------------------------------- submission
+def job_serializer(job: dict[str, Any]) -> bytes:
+    """arq's job and result records as JSON. arq's default is pickle, and unpickling what Redis holds runs
+    whatever code anyone who can write Redis put there, in the worker. Our job arguments are ids (str)."""
+    return json.dumps(job, separators=(",", ":"), default=str).encode()
+
+
+def job_deserializer(raw: bytes) -> dict[str, Any]:
+    out = json.loads(raw)
+    if not isinstance(out, dict):
+        raise ValueError("an arq job record must be a JSON object")
+    return out
+
+
 def arq_pool(redis: Any) -> Any:
-    """An ArqRedis sharing the given client's connection pool (arq needs its subclass to enqueue)."""
+    """An ArqRedis sharing the given client's connection pool (arq needs its subclass to enqueue), with the
+    JSON job serializer the workers read."""
     from arq.connections import ArqRedis
 
-    if isinstance(redis, ArqRedis):
-        return redis
-    return ArqRedis(connection_pool=redis.connection_pool)
+    return ArqRedis(connection_pool=redis.connection_pool, job_serializer=job_serializer,
+                    job_deserializer=job_deserializer)
+
+
+class IdempotencyConflict(ValueError):
+    """An idempotency key reused for a different run."""
+
+
+def scoped_run_id(owner: str, content_id: str, idempotency_key: str | None = None) -> str:
+    """A run id that belongs to ``owner``: by its idempotency key when given, else by content. Never the bare
+    content hash, so that a second submitter of the same run gets a run of its own, not a share of the
+    first one (which it could then cancel)."""
+    payload = json.dumps([owner, "key", idempotency_key] if idempotency_key is not None else [owner, content_id],
+                         separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()
 
 
 async def submit_run(redis: Any, settings: SuiteSettings, suite_name: str, preset: str = "smoke",
-                     overrides: dict[str, Any] | None = None, seed: int = 0) -> tuple[dict[str, Any], bool]:
-    """Queue a run; returns (record, created). Idempotent on (suite, version, config, seed)."""
+                     overrides: dict[str, Any] | None = None, seed: int = 0, *, owner: str | None = None,
+                     idempotency_key: str | None = None) -> tuple[dict[str, Any], bool]:
+    """Queue a run; returns (record, created). Idempotent on (suite, version, config, seed), within ``owner``
+    when given (see :func:`scoped_run_id`); with ``idempotency_key`` on that key, and reusing it for another
+    run raises :class:`IdempotencyConflict`."""
     from arq.constants import job_key_prefix, result_key_prefix, retry_key_prefix
 
     suite = get_suite(suite_name)
     config = build_config(suite.config_cls, preset, overrides)
-    run_id = run_id_for(suite.name, suite.version, config, seed)
+    content_id = run_id_for(suite.name, suite.version, config, seed)
+    run_id = content_id if owner is None else scoped_run_id(owner, content_id, idempotency_key)
     keys = Keys(settings.key_prefix)
     store = RunStore(redis, keys, settings.keep_runs_s)
     existing = await store.get(run_id)
+    if existing is not None and existing.get("content_id", content_id) != content_id:
+        raise IdempotencyConflict(
+            f"this Idempotency-Key was already used for another run ({existing['suite']}, seed {existing['seed']}); "
+            "use a new key for a new run")
     if existing is not None and JobStatus(existing["status"]) not in (JobStatus.failed, JobStatus.cancelled):
         return existing, False
     import dataclasses
@@ -173,7 +207,7 @@ async def submit_run(redis: Any, settings: SuiteSettings, suite_name: str, prese
     job_id = keys.job_id(run_id)
     # a previous failed/cancelled attempt may have left arq bookkeeping behind
     await redis.delete(job_key_prefix + job_id, result_key_prefix + job_id, retry_key_prefix + job_id)
-    await store.set(run_id, id=run_id, suite=suite.name, version=suite.version, preset=preset, seed=seed,
+    await store.set(run_id, id=run_id, content_id=content_id, suite=suite.name, version=suite.version, preset=preset, seed=seed,
                     config=dataclasses.asdict(config), overrides=overrides or {}, status=JobStatus.queued.value,
                     progress=0.0, message="queued", attempts=0, error="", result=None, artifacts=[],
                     cancel_requested=False, created_at=now, started_at="", finished_at="")

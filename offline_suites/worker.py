@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from offline_suites.config import SuiteSettings
-from offline_suites.jobs import RUN_FUNCTION, run_suite_job
+from offline_suites.jobs import RUN_FUNCTION, job_deserializer, job_serializer, run_suite_job
 from offline_suites.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,8 @@ def build_worker(settings: SuiteSettings, redis_url: str, *, inference_settings:
         poll_delay=poll_delay,
         handle_signals=handle_signals,
         allow_abort_jobs=False,
+        job_serializer=job_serializer,          # JSON, never pickle (see offline_suites.jobs)
+        job_deserializer=job_deserializer,
     )
 
 

@@ -79,13 +79,20 @@ def chat_logprobs(lps: list[TokenLogprob] | None) -> ChoiceLogprobs | None:
 
 
 class ServingChat(ServingBase):
+    def fan_out(self, req: ChatCompletionRequest) -> int:
+        """Choices (engine requests) this request asks for; 400 over the deployment's bounds."""
+        return self.limits.check_fan_out(1, req.n or 1)
+
     async def prepare(
         self, req: ChatCompletionRequest, tenant_policy: GuardPolicy | None = None, allow_disable: bool | None = None
     ) -> PreparedChat:
         engine = check_model(self.engine, req.model)
+        # overrides first: a refused one costs no tokenising
+        policy = self.resolve_policy(req.guard, tenant_policy, allow_disable)
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+        n_chars = sum(len(m["content"]) for m in messages)
         try:
-            prompt_ids = engine.apply_chat_template(messages)
+            prompt_ids = await self.limits.off_loop(n_chars, engine.apply_chat_template, messages)
         except Exception as e:  # template errors are the caller's message shape, not a server fault
             raise bad_request(f"Could not apply the chat template to 'messages': {e}", param="messages") from e
         max_tokens = req.max_completion_tokens or req.max_tokens
@@ -104,7 +111,6 @@ class ServingChat(ServingBase):
             ignore_eos=req.ignore_eos,
             min_tokens=req.min_tokens,
         )
-        policy = self.resolve_policy(req.guard, tenant_policy, allow_disable)
         conversation = guard_conversation(req)
         fail_open = await self.check_prompt(conversation, policy)
         include_scores = bool(req.guard and req.guard.include_scores and self.guard is not None and policy.enabled)

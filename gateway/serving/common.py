@@ -7,10 +7,10 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.errors import OpenAIError, bad_request, not_found, not_ready
 from guard.api import FAIL_OPEN_SINK, GuardFailure, GuardPolicy, SafetyCut, StreamGuard
@@ -19,6 +19,36 @@ from inference.engine import EngineClient, EngineError, PromptTooLongError
 from inference.types import SamplingOptions, TokenDelta
 
 Item = TokenDelta | SafetyCut
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ServingLimits:
+    """Per-request bounds (``ServerSettings``): fan-out, the prompt gate's wait, inline tokenising."""
+
+    max_prompts: int = 32              # /v1/completions prompt list
+    max_n: int = 16                    # choices per prompt
+    guard_wait_s: float = 30.0         # prompt gate: guard slot + scoring, then 503
+    tokenize_inline_chars: int = 16384  # larger inputs are tokenised in a worker thread
+
+    def check_fan_out(self, prompts: int, n: int) -> int:
+        """The number of choices (engine requests) a request asks for; 400 over the bounds."""
+        if prompts > self.max_prompts:
+            raise bad_request(
+                f"'prompt' holds {prompts} prompts; this deployment accepts at most {self.max_prompts} per request.",
+                param="prompt", code="too_many_prompts",
+            )
+        if n > self.max_n:
+            raise bad_request(f"'n' is {n}; this deployment accepts at most {self.max_n}.", param="n",
+                              code="too_many_choices")
+        return prompts * n
+
+    async def off_loop(self, n_chars: int, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``: inline for small inputs, in a worker thread for big ones, so that tokenising a
+        multi-megabyte prompt does not stall every stream on the event loop."""
+        if n_chars > self.tokenize_inline_chars:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
 
 
 def new_id(prefix: str) -> str:
@@ -240,21 +270,63 @@ async def merge(streams: Sequence[AsyncIterator[Item]]) -> AsyncIterator[tuple[i
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def policy_from(default: GuardPolicy, overrides: Any | None, *, allow_disable: bool) -> GuardPolicy:
-    """Apply per-request overrides to the tenant/default policy. A request may switch the guard off only
-    where the operator allows it (``allow_disable``); thresholds and hold-back are the request's to tune."""
+GUARD_OVERRIDE_REFUSED = "guard_override_not_allowed"
+
+
+def policy_from(
+    default: GuardPolicy,
+    overrides: Any | None,
+    *,
+    allow_disable: bool,
+    operator_threshold: Callable[[str], float] | None = None,
+) -> GuardPolicy:
+    """Apply per-request overrides to the tenant/default policy ``default``.
+
+    Overrides may only tighten it. A threshold above the operator's (``operator_threshold(gate)``: what the
+    guard applies under ``default``, whether it comes from settings, a budget or the build) or a hold-back
+    below ``default.hold_back`` is refused with a 400 naming the field: a looser value would release what
+    the operator chose to cut. Without a guard there is nothing to loosen, so the operator threshold is
+    then only known when ``default`` sets it. The guard goes off only where ``allow_disable``; otherwise
+    ``enabled=false`` is ignored and the request stays guarded."""
     if overrides is None:
         return default
     enabled = default.enabled
     if overrides.enabled is False and allow_disable:
         enabled = False
+    thresholds: dict[str, float | None] = {}
+    for gate in ("prompt", "response"):
+        field_name = f"{gate}_threshold"
+        asked = getattr(overrides, field_name)
+        operator = getattr(default, field_name)
+        if asked is None:
+            thresholds[gate] = operator
+            continue
+        if operator_threshold is not None:
+            operator = operator_threshold(gate)
+        # ``not <=`` so that NaN is refused as well
+        if operator is not None and not asked <= operator:
+            raise bad_request(
+                f"'guard.{field_name}' may only tighten the operator's {gate} threshold: send at most "
+                f"{operator:g} (got {asked:g}), or leave it out.",
+                param=f"guard.{field_name}",
+                code=GUARD_OVERRIDE_REFUSED,
+            )
+        thresholds[gate] = asked
+    hold_back = default.hold_back
+    if overrides.hold_back is not None:
+        if overrides.hold_back < default.hold_back:
+            raise bad_request(
+                f"'guard.hold_back' may only tighten the operator's hold-back: send at least {default.hold_back} "
+                f"(got {overrides.hold_back}), or leave it out.",
+                param="guard.hold_back",
+                code=GUARD_OVERRIDE_REFUSED,
+            )
+        hold_back = overrides.hold_back
     return GuardPolicy(
         enabled=enabled,
-        prompt_threshold=default.prompt_threshold if overrides.prompt_threshold is None else overrides.prompt_threshold,
-        response_threshold=default.response_threshold
-        if overrides.response_threshold is None
-        else overrides.response_threshold,
-        hold_back=overrides.hold_back or default.hold_back,
+        prompt_threshold=thresholds["prompt"],
+        response_threshold=thresholds["response"],
+        hold_back=hold_back,
         fail_closed=default.fail_closed,
         mode=default.mode,
         categories=default.categories,
@@ -277,12 +349,19 @@ class ServingBase:
     """What chat and completions share: the engine, the guard and how a request's guard policy is resolved."""
 
     def __init__(
-        self, engine: EngineClient | None, guard: StreamGuard | None, default_policy: GuardPolicy, *, allow_guard_disable: bool
+        self,
+        engine: EngineClient | None,
+        guard: StreamGuard | None,
+        default_policy: GuardPolicy,
+        *,
+        allow_guard_disable: bool,
+        limits: ServingLimits | None = None,
     ) -> None:
         self.engine = engine
         self.guard = guard
         self.default_policy = default_policy
         self.allow_guard_disable = allow_guard_disable
+        self.limits = limits or ServingLimits()
 
     async def check_prompt(self, conversation: Conversation, policy: GuardPolicy) -> list[GuardFailure]:
         """The prompt gate: raise 400 ``content_filter`` on a cut; return the failures the policy let
@@ -292,7 +371,17 @@ class ServingBase:
             return failures
         token = FAIL_OPEN_SINK.set(failures)
         try:
-            cut = await self.guard.check_prompt(conversation, policy)
+            # Guard slots are fewer than admitted requests: a wait without end would hold the request's
+            # admission slot forever. Bounded, and the caller is told when to come back.
+            async with asyncio.timeout(self.limits.guard_wait_s):
+                cut = await self.guard.check_prompt(conversation, policy)
+        except TimeoutError:
+            raise OpenAIError(
+                503,
+                f"The safety guard could not take this prompt within {self.limits.guard_wait_s:g} s; retry shortly.",
+                code="guard_busy",
+                headers={"Retry-After": str(max(1, round(self.limits.guard_wait_s / 10)))},
+            ) from None
         finally:
             FAIL_OPEN_SINK.reset(token)
         if cut is not None:
@@ -301,8 +390,12 @@ class ServingBase:
 
     def resolve_policy(self, overrides: Any | None, tenant_policy: GuardPolicy | None, allow_disable: bool | None) -> GuardPolicy:
         # the tenant's policy (set by the ops layer from the API key) replaces the deployment default
+        base = tenant_policy or self.default_policy
+        threshold_of = getattr(self.guard, "threshold", None) if self.guard is not None else None
         return policy_from(
-            tenant_policy or self.default_policy,
+            base,
             overrides,
             allow_disable=self.allow_guard_disable if allow_disable is None else allow_disable,
+            # the guard knows the threshold it applies (settings, budget or the build's manifest): ask it
+            operator_threshold=None if threshold_of is None else (lambda gate: float(threshold_of(gate, base))),
         )

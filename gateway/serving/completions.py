@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.errors import bad_request
 from gateway.protocol import (
@@ -70,27 +71,43 @@ class LogprobBuilder:
         self.out.top_logprobs.append(tops)
 
 
+def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str] | list[list[int]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and isinstance(prompt[0], int):
+        return [prompt]  # type: ignore[list-item]
+    return prompt  # type: ignore[return-value]
+
+
+def _tokenise_prompts(tok: Any, raw: list[str] | list[list[int]]) -> list[tuple[list[int], str]]:
+    """(token ids, text) per prompt; token-id prompts are checked against the vocabulary."""
+    vocab = len(tok)
+    prompts: list[tuple[list[int], str]] = []
+    for p in raw:
+        if isinstance(p, str):
+            prompts.append((list(tok.encode(p, add_special_tokens=False)) or [], p))
+        else:
+            ids = list(p)
+            if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in ids):
+                raise bad_request(f"'prompt' token ids must be integers in [0, {vocab})", param="prompt")
+            prompts.append((ids, tok.decode(ids)))
+    return prompts
+
+
 class ServingCompletion(ServingBase):
+    def fan_out(self, req: CompletionRequest) -> int:
+        """Choices (engine requests) this request asks for: prompts x n; 400 over the deployment's bounds."""
+        return self.limits.check_fan_out(len(_prompt_list(req.prompt)), req.n or 1)
+
     async def prepare(
         self, req: CompletionRequest, tenant_policy: GuardPolicy | None = None, allow_disable: bool | None = None
     ) -> PreparedCompletion:
         engine = check_model(self.engine, req.model)
-        tok = engine.tokenizer
-        vocab = len(tok)
-        raw = req.prompt
-        prompts: list[tuple[list[int], str]] = []
-        if isinstance(raw, str):
-            raw = [raw]
-        if raw and isinstance(raw[0], int):
-            raw = [raw]  # type: ignore[list-item]
-        for p in raw:
-            if isinstance(p, str):
-                prompts.append((list(tok.encode(p, add_special_tokens=False)) or [], p))
-            else:
-                ids = list(p)  # type: ignore[arg-type]
-                if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in ids):
-                    raise bad_request(f"'prompt' token ids must be integers in [0, {vocab})", param="prompt")
-                prompts.append((ids, tok.decode(ids)))
+        # overrides first: a refused one costs no tokenising
+        policy = self.resolve_policy(req.guard, tenant_policy, allow_disable)
+        raw = _prompt_list(req.prompt)
+        n_chars = sum(len(p) for p in raw)     # characters or token ids: either way, the work to do
+        prompts = await self.limits.off_loop(n_chars, _tokenise_prompts, engine.tokenizer, raw)
         for ids, _ in prompts:
             if not ids:
                 raise bad_request("'prompt' must not be empty", param="prompt")
@@ -110,7 +127,6 @@ class ServingCompletion(ServingBase):
             ignore_eos=req.ignore_eos,
             min_tokens=req.min_tokens,
         )
-        policy = self.resolve_policy(req.guard, tenant_policy, allow_disable)
         fail_open: list[GuardFailure] = []
         for _, text in prompts:
             fail_open += await self.check_prompt(user(text), policy)

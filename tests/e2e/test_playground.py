@@ -215,8 +215,9 @@ def _suites_double() -> APIRouter:
 @pytest.fixture(scope="module")
 def scripted_server() -> Iterator[str]:
     engine = ScriptedEngine(pieces=PIECES, delay=0.02)
+    # the guard-off checkbox needs the operator's permission, which this deployment grants
     app = create_app(Settings(guard={"enabled": False}), engine=engine, guard=LabelledGuard(trigger=TRIGGER),
-                     guard_policy=GuardPolicy(enabled=True))
+                     guard_policy=GuardPolicy(enabled=True), allow_guard_disable=True)
     if not any(getattr(r, "path", None) == "/playground" for r in app.routes):
         app.include_router(playground.router)     # until create_app includes it
     # Ahead of the app's own suite routes (the first matching route answers): the run pages are
@@ -304,8 +305,9 @@ def test_scripted_policy_controls_reach_the_request(open_page: Any, scripted_ser
     sent: list[dict[str, Any]] = []
     pg.on("request", lambda req: sent.append(req.post_data_json) if req.url.endswith("/v1/chat/completions") else None)
     pg.fill("#hold-back", "3")
-    turn = _send(pg, "hi", response_threshold="0.25", prompt_threshold="0.75", max_tokens=2)
-    assert sent[-1]["guard"] == {"include_scores": True, "response_threshold": 0.25, "prompt_threshold": 0.75,
+    # both tighter than the scripted guard's 0.5: a looser one is refused
+    turn = _send(pg, "hi", response_threshold="0.25", prompt_threshold="0.45", max_tokens=2)
+    assert sent[-1]["guard"] == {"include_scores": True, "response_threshold": 0.25, "prompt_threshold": 0.45,
                                  "hold_back": 3}
     assert sent[-1]["stream"] is True and sent[-1]["temperature"] == 0 and sent[-1]["max_tokens"] == 2
     assert turn.get_attribute("data-state") == "done"

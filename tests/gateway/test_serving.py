@@ -259,11 +259,11 @@ async def test_models_and_metrics() -> None:
 
 async def test_include_scores_attaches_risk_per_token() -> None:
     async with make_client(ScriptedEngine(), ScriptedGuard(trigger="zzz")) as c:
-        frames = await post_stream(c, "/v1/chat/completions", chat_body(guard={"include_scores": True, "response_threshold": 0.7}))
+        frames = await post_stream(c, "/v1/chat/completions", chat_body(guard={"include_scores": True, "response_threshold": 0.3}))
         plain = await post_stream(c, "/v1/chat/completions", chat_body())
     content = [f["choices"][0] for f in frames[1:-1]]
     assert [ch["risk"] for ch in content] == [[0.1], [0.1], [0.1], [0.1]]
-    assert all(ch["threshold"] == 0.7 for ch in content)
+    assert all(ch["threshold"] == 0.3 for ch in content)
     assert all("risk" not in f["choices"][0] for f in plain[:-1])
 
 

@@ -4,6 +4,7 @@ Prometheus scrape config, the Grafana provisioning, and a dashboard that only qu
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -36,7 +37,8 @@ def test_compose_structure() -> None:
     gw = services["gateway"]
     env = gw["environment"]
     assert env["NEXTGUARD_OPS__AUTH__ENABLED"] == "true"
-    assert env["NEXTGUARD_REDIS__URL"] == "redis://redis:6379/0"
+    # one Redis, with the password from .env (required: compose refuses to start without it)
+    assert re.fullmatch(r"redis://:\$\{NEXTGUARD_REDIS_PASSWORD:\?[^}]*\}@redis:6379/0", env["NEXTGUARD_REDIS__URL"])
     assert gw["stop_signal"] == "SIGTERM" and int(gw["stop_grace_period"].rstrip("s")) > 30
     # grafana gets the datasource, the dashboard provider and the dashboards mounted from the repo
     for vol in services["grafana"]["volumes"]:
@@ -71,8 +73,9 @@ def test_prometheus_scrapes_every_replica() -> None:
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="no docker-compose binary on this machine")
 def test_docker_compose_config_validates() -> None:
     for args in ([], ["--profile", "scale"]):
+        secrets = {"NEXTGUARD_REDIS_PASSWORD": "x" * 24, "GRAFANA_ADMIN_PASSWORD": "y" * 24}
         r = subprocess.run(["docker-compose", *args, "config", "-q"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=60)
+                           timeout=60, env={**os.environ, **secrets})
         assert r.returncode == 0, r.stderr
 
 

@@ -5,6 +5,7 @@ from fastapi.responses import Response
 
 from gateway.api.streaming import json_response, sse_response
 from gateway.deps import ChatDep
+from gateway.ops import admit_choices, may_disable_guard
 from gateway.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse
 from gateway.serving.common import StreamStats
 
@@ -19,7 +20,10 @@ router = APIRouter(tags=["chat"])
 async def create_chat_completion(req: ChatCompletionRequest, serving: ChatDep, request: Request) -> Response:
     """Create a chat completion (streamed as SSE when `stream` is true), guarded token by token."""
     st = request.state
-    prepared = await serving.prepare(req, getattr(st, "guard_policy", None), getattr(st, "allow_guard_disable", None))
+    await admit_choices(request, serving.fan_out(req))
+    allow_disable = await may_disable_guard(request, req.guard)
+    prepared = await serving.prepare(req, getattr(st, "guard_policy", None), allow_disable)
+    st.guard_policy_applied = prepared.policy     # what the audit line records
     stats = StreamStats(route="chat", model=prepared.model)
     if req.stream:
         return sse_response(serving.stream(prepared, stats), stats, prepared.id)

@@ -5,6 +5,7 @@ from fastapi.responses import Response
 
 from gateway.api.streaming import json_response, sse_response
 from gateway.deps import CompletionDep
+from gateway.ops import admit_choices, may_disable_guard
 from gateway.protocol import Completion, CompletionRequest, ErrorResponse
 from gateway.serving.common import StreamStats
 
@@ -19,7 +20,10 @@ router = APIRouter(tags=["completions"])
 async def create_completion(req: CompletionRequest, serving: CompletionDep, request: Request) -> Response:
     """Create a text completion; `echo` with `logprobs` (and `max_tokens=0`) scores the prompt."""
     st = request.state
-    prepared = await serving.prepare(req, getattr(st, "guard_policy", None), getattr(st, "allow_guard_disable", None))
+    await admit_choices(request, serving.fan_out(req))
+    allow_disable = await may_disable_guard(request, req.guard)
+    prepared = await serving.prepare(req, getattr(st, "guard_policy", None), allow_disable)
+    st.guard_policy_applied = prepared.policy     # what the audit line records
     stats = StreamStats(route="completions", model=prepared.model)
     if req.stream:
         return sse_response(serving.stream(prepared, stats), stats, prepared.id)

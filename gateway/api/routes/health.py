@@ -9,9 +9,14 @@ router = APIRouter(tags=["ops"])
 
 
 @router.get("/health")
-async def health() -> dict[str, str]:
-    """Liveness: the process answers."""
-    return {"status": "ok"}
+async def health(request: Request) -> JSONResponse:
+    """Liveness: the process answers and its engine is alive. A dead engine (or one that failed to load)
+    never comes back by itself, so this fails and the supervisor restarts the process."""
+    state = request.app.state
+    engine = state.engine
+    if state.engine_error or (engine is not None and not engine.ready):
+        return JSONResponse({"status": "dead", "checks": {"engine": False}}, status_code=503)
+    return JSONResponse({"status": "ok"})
 
 
 @router.get("/ready")
@@ -27,9 +32,10 @@ async def ready(request: Request) -> JSONResponse:
     if state.engine_error:
         checks["engine"] = False
     ok = all(checks.values())
-    body = {"status": "ready" if ok else "not_ready", "checks": checks}
+    body: dict[str, object] = {"status": "ready" if ok else "not_ready", "checks": checks}
     if state.engine_error:
-        body["error"] = state.engine_error
+        # the cause is in the server log; an exception's text can carry paths, hosts or tokens
+        body["error"] = "the engine or the guard failed to load; see the server log"
     return JSONResponse(body, status_code=200 if ok else 503, headers={} if ok else {"Retry-After": "5"})
 
 

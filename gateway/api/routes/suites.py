@@ -1,14 +1,15 @@
 """Offline evaluation suites and their runs (``/v1/suites``, ``/v1/runs``). Thin: logic lives in
 ``offline_suites.jobs``; runs execute on ``nextguard worker`` processes through Redis.
 
-A run belongs to the tenants that submitted it (``gateway.auth.OwnerStore``, kind ``run``); to every other
-tenant it answers exactly like an unknown id, and listings show only the caller's runs."""
+A run belongs to the tenant that submitted it (its id is scoped to the submitter; ``gateway.auth.OwnerStore``,
+kind ``run``); to every other tenant it answers exactly like an unknown id, and listings show only the
+caller's runs."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
@@ -16,11 +17,19 @@ from gateway.auth import OwnersDep, PrincipalDep
 from gateway.errors import OpenAIError
 from offline_suites.base import ConfigError
 from offline_suites.config import SuiteSettings
-from offline_suites.jobs import RunNotFound, RunStore, cancel_run, public_view, submit_run
+from offline_suites.jobs import (
+    IdempotencyConflict,
+    RunNotFound,
+    RunStore,
+    cancel_run,
+    public_view,
+    submit_run,
+)
 from offline_suites.keys import Keys
 from offline_suites.registry import UnknownSuiteError, get_suite, list_suites
 
 router = APIRouter()
+REDIS_TIMEOUT_S = 2.0
 
 
 class RunRequest(BaseModel):
@@ -46,7 +55,8 @@ def redis_client(request: Request) -> Any:
         import redis.asyncio as aioredis
 
         url = st.settings.redis.url if getattr(st, "settings", None) is not None else "redis://127.0.0.1:6379/0"
-        client = aioredis.from_url(url)
+        # Bounded: with Redis away the jobs API must answer 503 at once, not hang on the socket.
+        client = aioredis.from_url(url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S)
         st.redis = client
     return client
 
@@ -68,17 +78,22 @@ async def suites_list() -> dict[str, Any]:
 
 @router.post("/v1/suites/{name}/runs")
 async def runs_create(name: str, body: RunRequest, request: Request, principal: PrincipalDep,
-                      owners: OwnersDep) -> JSONResponse:
-    """Queue a run (idempotent on suite, version, config and seed); returns the run object."""
+                      owners: OwnersDep,
+                      idempotency_key: str | None = Header(default=None, max_length=255)) -> JSONResponse:
+    """Queue a run; returns the run object. The run is the caller's alone: submitting it again returns it
+    (idempotent on suite, version, config and seed, or on the `Idempotency-Key` header when sent), and
+    another tenant's identical submission is a run of its own."""
     try:
         get_suite(name)
         rec, created = await submit_run(redis_client(request), suite_settings(request), name, body.preset,
-                                        body.config, body.seed)
+                                        body.config, body.seed, owner=principal.tenant,
+                                        idempotency_key=idempotency_key)
     except UnknownSuiteError as e:
         raise OpenAIError(404, str(e), param="name", code="suite_not_found") from e
+    except IdempotencyConflict as e:
+        raise OpenAIError(409, str(e), param="Idempotency-Key", code="idempotency_key_reused") from e
     except ConfigError as e:
         raise OpenAIError(400, str(e), param="config", code="invalid_config") from e
-    # Idempotent runs are shared by content: a second tenant submitting the same run co-owns it.
     await owners.claim("run", rec["id"], principal)
     return JSONResponse(public_view(rec), status_code=201 if created else 200)
 

@@ -1,0 +1,490 @@
+"""Attacks on the guard and on an exposed deployment, each tried against the real app (scripted engine and
+guard doubles). Every test fails if its attack succeeds."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.config import Settings
+from gateway.ops_config import AuditSettings, AuthSettings, GuardPolicyOverrides, OpsSettings, TenantSettings
+from guard.api import GuardPolicy
+from tests.doubles import ScriptedEngine, ScriptedGuard
+from tests.ops.conftest import assert_openai_error, chat, client, dead_redis_url, make_app
+
+
+def _guarded_app(tmp_path: Path, *, engine: ScriptedEngine | None = None, guard: Any = None,
+                 policy: GuardPolicy | None = None, ops: OpsSettings | None = None) -> tuple[Any, Any]:
+    """The app with the scripted guard (cuts at "world", flags prompts with "forbidden") and no Redis;
+    returns it with the engine, whose requests show whether anything reached the model."""
+    engine = engine or ScriptedEngine()
+    app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url(), ops=ops,
+                      guard=guard or ScriptedGuard(trigger="world"), guard_policy=policy or GuardPolicy())
+    return app, engine
+
+
+# -- overrides may only tighten -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("route", "guard", "param"),
+    [
+        ("/v1/chat/completions", {"prompt_threshold": 1e9, "response_threshold": 1e9}, "guard.prompt_threshold"),
+        ("/v1/chat/completions", {"response_threshold": 1e9}, "guard.response_threshold"),
+        ("/v1/chat/completions", {"response_threshold": 0.51}, "guard.response_threshold"),
+        ("/v1/completions", {"response_threshold": 1e9}, "guard.response_threshold"),
+    ],
+    ids=["both-huge", "response-huge", "response-just-above", "completions"],
+)
+async def test_loosening_threshold_is_refused(tmp_path: Path, route: str, guard: dict[str, Any], param: str) -> None:
+    # The scripted guard's operator threshold is 0.5 (what it applies when the policy sets none): the request
+    # never names it, so the ceiling has to come from the guard itself.
+    app, engine = _guarded_app(tmp_path)
+    body: dict[str, Any] = (chat(guard=guard) if route.endswith("chat/completions")
+                            else {"model": "scripted", "prompt": "hi", "stream": True, "guard": guard})
+    async with client(app) as c:
+        r = await c.post(route, json=body)
+    err = assert_openai_error(r, 400, "guard_override_not_allowed")
+    assert err["param"] == param
+    assert engine.requests == [], "a refused override must not reach the engine"
+
+
+@pytest.mark.parametrize("value", ["Infinity", "NaN"])
+async def test_non_finite_threshold_is_refused(tmp_path: Path, value: str) -> None:
+    # Python's json reads these; a NaN compares false both ways, so a "> ceiling" check would let it in
+    app, engine = _guarded_app(tmp_path)
+    body = ('{"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "stream": true, '
+            f'"guard": {{"response_threshold": {value}}}}}')
+    async with client(app) as c:
+        r = await c.post("/v1/chat/completions", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "guard.response_threshold" and engine.requests == []
+
+
+async def test_loosening_hold_back_is_refused(tmp_path: Path) -> None:
+    app, engine = _guarded_app(tmp_path, policy=GuardPolicy(hold_back=4))
+    async with client(app) as c:
+        r = await c.post("/v1/chat/completions", json=chat(guard={"hold_back": 1}))
+    err = assert_openai_error(r, 400, "guard_override_not_allowed")
+    assert err["param"] == "guard.hold_back" and engine.requests == []
+
+
+async def test_tenant_threshold_is_the_ceiling(tmp_path: Path) -> None:
+    ops = OpsSettings(tenants={"default": TenantSettings(guard=GuardPolicyOverrides(response_threshold=0.3))})
+    app, _ = _guarded_app(tmp_path, ops=ops)
+    async with client(app) as c:
+        r = await c.post("/v1/chat/completions", json=chat(guard={"response_threshold": 0.4}))
+        assert_openai_error(r, 400, "guard_override_not_allowed")
+        ok = await c.post("/v1/chat/completions", json=chat(guard={"response_threshold": 0.2, "hold_back": 3}))
+    assert ok.status_code == 200 and '"finish_reason":"content_filter"' in ok.text   # tighter: still guarded
+
+
+# -- switching the guard off is a per-tenant grant, audited ---------------------------------------------
+def _audit_lines(rt: Any) -> list[dict[str, Any]]:
+    assert rt.audit is not None and rt.audit.path is not None
+    return [json.loads(x) for x in rt.audit.path.read_text().splitlines()] if rt.audit.path.exists() else []
+
+
+async def _keys_cli(redis_url: str, prefix: str, *argv: str) -> int:
+    """``nextguard keys ...`` as the operator runs it (its own event loop, hence a thread here)."""
+    from gateway.ops_cli import add_subcommands
+
+    parser = argparse.ArgumentParser()
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["keys", "--redis-url", redis_url, "--prefix", prefix, "--json", *argv])
+    return int(await asyncio.to_thread(args.func, args))
+
+
+async def test_guard_disable_is_off_by_default(tmp_path: Path) -> None:
+    assert Settings(guard={"enabled": False}).allow_guard_disable is False
+    # nothing passed for allow_guard_disable: the deployment default applies (Redis down: no grant either)
+    app, rt = make_app(ScriptedEngine(), tmp_path, redis_url=dead_redis_url(), guard=ScriptedGuard(trigger="world"),
+                       guard_policy=GuardPolicy())
+    async with client(app) as c:
+        r = await c.post("/v1/chat/completions", json=chat(guard={"enabled": False}))
+        rc = await c.post("/v1/completions", json={"model": "scripted", "prompt": "hi", "guard": {"enabled": False}})
+    assert r.status_code == 200 and '"finish_reason":"content_filter"' in r.text
+    assert rc.status_code == 200 and rc.json()["choices"][0]["finish_reason"] == "content_filter"
+    lines = _audit_lines(rt)
+    assert [(x["decision"], x["guard_overrides"]) for x in lines] == [("intervened", {"enabled": False})] * 2
+
+
+@pytest.mark.redis
+async def test_guard_disable_needs_the_tenants_grant(tmp_path: Path, redis_url: str, prefix: str) -> None:
+    ops = OpsSettings(auth=AuthSettings(enabled=True, cache_ttl_s=0.0))
+    engine = ScriptedEngine()
+    app, rt = make_app(engine, tmp_path, redis_url=redis_url, prefix=prefix, ops=ops,
+                       guard=ScriptedGuard(trigger="world"), guard_policy=GuardPolicy())
+    assert rt.keys is not None
+    acme, acme_rec = await rt.keys.create("acme")
+    beta, _ = await rt.keys.create("beta")
+    off = chat(guard={"enabled": False})
+
+    async def finish(key: str) -> str:
+        async with client(app, key) as c:
+            r = await c.post("/v1/chat/completions", json=off)
+        assert r.status_code == 200, r.text
+        return "content_filter" if '"finish_reason":"content_filter"' in r.text else "stop"
+
+    assert await finish(acme) == "content_filter"             # not granted yet
+    assert await _keys_cli(redis_url, prefix, "grant", "--tenant", "acme", "guard_disable") == 0
+    assert await finish(acme) == "stop"                       # granted: unguarded
+    assert rt.grants is not None and await rt.grants.list() == {"acme": ["guard_disable"]}
+    assert await finish(beta) == "content_filter"             # another tenant is not
+    assert await _keys_cli(redis_url, prefix, "ungrant", "--tenant", "acme", "guard_disable") == 0
+    assert await finish(acme) == "content_filter"             # taken back (cache_ttl_s=0)
+
+    lines = _audit_lines(rt)
+    assert [(x["tenant"], x["decision"]) for x in lines] == [
+        ("acme", "intervened"), ("acme", "guard_disabled"), ("beta", "intervened"), ("acme", "intervened")]
+    assert all(x["guard_overrides"] == {"enabled": False} for x in lines)
+    assert lines[1]["key_id"] == acme_rec.id and lines[1]["gate"] is None
+
+
+async def test_every_override_is_audited(tmp_path: Path) -> None:
+    # passes are not logged here, yet a tightened pass and a refused loosening both are
+    ops = OpsSettings(audit=AuditSettings(log_passes=False))
+    app, _ = _guarded_app(tmp_path, guard=ScriptedGuard(trigger="never-said"), ops=ops)
+    rt = app.state.ops
+    async with client(app) as c:
+        assert (await c.post("/v1/chat/completions", json=chat())).status_code == 200
+        assert (await c.post("/v1/chat/completions", json=chat(guard={"response_threshold": 0.1}))).status_code == 200
+        refused = await c.post("/v1/chat/completions", json=chat(guard={"prompt_threshold": 2.0}))
+    assert refused.status_code == 400
+    lines = _audit_lines(rt)
+    assert [(x["decision"], x.get("guard_overrides"), x.get("param")) for x in lines] == [
+        ("pass", {"response_threshold": 0.1}, None),
+        ("override_refused", {"prompt_threshold": 2.0}, "guard.prompt_threshold"),
+    ]
+
+
+# -- fan-out, guard waits, tokenising -------------------------------------------------------------------
+def _completion(prompt: Any, **kw: Any) -> dict[str, Any]:
+    return {"model": "scripted", "prompt": prompt, "max_tokens": 4, **kw}
+
+
+async def test_fan_out_is_bounded(tmp_path: Path) -> None:
+    engine = ScriptedEngine()
+    app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url(), max_prompts_per_request=4,
+                      max_choices_per_prompt=2)
+    async with client(app) as c:
+        many = await c.post("/v1/completions", json=_completion(["hi"] * 5))
+        wide = await c.post("/v1/completions", json=_completion("hi", n=3))
+        chat_wide = await c.post("/v1/chat/completions", json=chat(n=3))
+        ok = await c.post("/v1/completions", json=_completion(["hi"] * 4, n=2))
+    assert assert_openai_error(many, 400, "too_many_prompts")["param"] == "prompt"
+    assert assert_openai_error(wide, 400, "too_many_choices")["param"] == "n"
+    assert assert_openai_error(chat_wide, 400, "too_many_choices")["param"] == "n"
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 8
+    assert len(engine.requests) == 8           # only the accepted request reached the engine
+
+
+async def test_each_choice_takes_an_admission_slot(tmp_path: Path) -> None:
+    engine = ScriptedEngine(delay=0.2)
+    ops = OpsSettings(tenants={"default": TenantSettings(max_in_flight=4)})
+    app, rt = make_app(engine, tmp_path, redis_url=dead_redis_url(), ops=ops)
+    async with client(app) as c:
+        over = await c.post("/v1/completions", json=_completion(["a", "b", "c"], n=2))
+        assert assert_openai_error(over, 400, "too_many_choices")["param"] == "n"
+        first = asyncio.create_task(c.post("/v1/completions", json=_completion(["a", "b", "c"])))
+        for _ in range(100):
+            if rt.in_flight == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert rt.in_flight == 3                # one slot per choice, not one per request
+        second = await c.post("/v1/chat/completions", json=chat(n=2))
+        assert_openai_error(second, 429, "rate_limit_exceeded")
+        assert second.headers["retry-after"]
+        assert (await first).status_code == 200
+    assert rt.in_flight == 0                    # every slot came back
+
+
+class _BusyGuard(ScriptedGuard):
+    """Every guard slot is taken: the prompt gate never gets to score."""
+
+    async def check_prompt(self, conversation: Any, policy: GuardPolicy) -> Any:
+        await asyncio.Event().wait()
+
+
+async def test_busy_guard_answers_503_with_retry_after(tmp_path: Path) -> None:
+    engine = ScriptedEngine()
+    app, rt = make_app(engine, tmp_path, redis_url=dead_redis_url(), guard=_BusyGuard(), guard_policy=GuardPolicy(),
+                       guard_wait_timeout_s=0.2)
+    async with client(app) as c:
+        r = await asyncio.wait_for(c.post("/v1/chat/completions", json=chat()), 5)
+    err = assert_openai_error(r, 503, "guard_busy")
+    assert "retry" in err["message"] and int(r.headers["retry-after"]) >= 1
+    assert engine.requests == [] and rt.in_flight == 0
+
+
+class _ThreadNotingEngine(ScriptedEngine):
+    threads: list[str] = []
+
+    def apply_chat_template(self, messages: Any, *, add_generation_prompt: bool = True) -> list[int]:
+        self.threads.append(threading.current_thread().name)
+        return super().apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+
+
+async def test_big_inputs_are_tokenised_off_the_event_loop(tmp_path: Path) -> None:
+    engine = _ThreadNotingEngine(max_model_len=1 << 20)
+    engine.threads = []
+    app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url(), tokenize_inline_chars=1000)
+    loop_thread = threading.current_thread().name
+    async with client(app) as c:
+        assert (await c.post("/v1/chat/completions", json=chat())).status_code == 200
+        big = chat(messages=[{"role": "user", "content": "x" * 5000}])
+        assert (await c.post("/v1/chat/completions", json=big)).status_code == 200
+    assert engine.threads[0] == loop_thread and engine.threads[1] != loop_thread
+
+
+# -- the guard reads the whole conversation -------------------------------------------------------------
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "system", "content": "you must explain the forbidden thing"}, {"role": "user", "content": "go on"}],
+        [{"role": "developer", "content": "forbidden"}, {"role": "user", "content": "hi"}],
+        [{"role": "user", "content": "forbidden"}, {"role": "assistant", "content": "ok"},
+         {"role": "user", "content": "continue"}],
+        [{"role": "user", "content": "hi"}, {"role": "tool", "content": "forbidden"}, {"role": "user", "content": "hi"}],
+    ],
+    ids=["system", "developer", "earlier-turn", "tool"],
+)
+async def test_prompt_gate_scores_every_message(tmp_path: Path, messages: list[dict[str, str]]) -> None:
+    app, engine = _guarded_app(tmp_path)
+    async with client(app) as c:
+        r = await c.post("/v1/chat/completions", json=chat(messages=messages))
+    err = assert_openai_error(r, 400, "content_filter")
+    assert err["safety"]["gate"] == "prompt" and engine.requests == []
+
+
+# -- an exposed deployment is safe by default -----------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_serve_refuses_an_exposed_address_without_auth(capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import _serve, exposure_problem
+
+    args = argparse.Namespace(host="0.0.0.0", port=None, model=None, insecure_no_auth=False)
+    assert _serve(args) == 2                      # refused before anything loads or binds
+    assert "--insecure-no-auth" in capsys.readouterr().err
+    for host in ("0.0.0.0", "::", "10.0.0.5", "gateway.example.com"):
+        assert exposure_problem(host, auth_enabled=False) is not None, host
+        assert exposure_problem(host, auth_enabled=True) is None, host
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"):
+        assert exposure_problem(host, auth_enabled=False) is None, host
+
+
+def test_image_runs_unprivileged_with_keys_on() -> None:
+    lines = [x.strip() for x in (ROOT / "Dockerfile").read_text().splitlines()]
+    users = [x.split()[1] for x in lines if x.startswith("USER ")]
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    assert lines.index(next(x for x in lines if x.startswith("USER "))) < lines.index(
+        next(x for x in lines if x.startswith("CMD ")))
+    assert any("NEXTGUARD_OPS__AUTH__ENABLED=true" in x for x in lines)
+
+
+class _DyingEngine(ScriptedEngine):
+    alive: bool = True
+
+    @property
+    def ready(self) -> bool:
+        return self.alive
+
+
+async def test_dead_engine_fails_liveness_and_exits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gateway.main as main
+
+    engine = _DyingEngine()
+    app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url())
+    async with client(app) as c:
+        assert (await c.get("/health")).status_code == 200
+        engine.alive = False
+        r = await c.get("/health")
+    assert r.status_code == 503 and r.json()["checks"]["engine"] is False
+    # served by `nextguard serve`: the process drains and exits, so the supervisor restarts it
+    kills: list[int] = []
+    monkeypatch.setattr(main, "ENGINE_WATCH_S", 0.01)
+    monkeypatch.setattr(main.os, "kill", lambda pid, sig: kills.append(sig))
+    served = main.create_app(app.state.settings, engine=engine, exit_on_dead_engine=True)
+    async with served.router.lifespan_context(served):
+        for _ in range(200):
+            if kills:
+                break
+            await asyncio.sleep(0.01)
+    assert kills == [signal.SIGTERM]
+
+
+async def test_ready_does_not_echo_the_load_error(tmp_path: Path) -> None:
+    from gateway.main import create_app
+    from tests.ops.conftest import make_settings
+
+    def broken(settings: Any) -> Any:
+        raise RuntimeError("cannot open /secret/path with token hf_abc123")
+
+    app = create_app(make_settings(tmp_path, redis_url=dead_redis_url()), engine_factory=broken)
+    async with app.router.lifespan_context(app):
+        for _ in range(200):
+            if app.state.engine_error:
+                break
+            await asyncio.sleep(0.01)
+        async with client(app) as c:
+            ready = await c.get("/ready")
+            health = await c.get("/health")
+    assert ready.status_code == 503 and health.status_code == 503
+    assert "secret" not in ready.text and "hf_abc123" not in ready.text and ready.json()["error"]
+
+
+async def test_runs_with_redis_down_answer_503_naming_the_queue(tmp_path: Path) -> None:
+    app, _ = make_app(ScriptedEngine(), tmp_path, redis_url=dead_redis_url())
+    async with client(app) as c:
+        r = await asyncio.wait_for(c.get("/v1/runs"), 10)
+    err = assert_openai_error(r, 503, "queue_unavailable")
+    assert "nextguard:suites:queue" in err["message"] and int(r.headers["retry-after"]) >= 1
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+async def test_stop_strings_are_bounded(tmp_path: Path, route: str) -> None:
+    engine = ScriptedEngine()
+    app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url())
+    stop = ["x" * 257]
+    body = chat(stop=stop) if route.endswith("chat/completions") else _completion("hi", stop=stop)
+    async with client(app) as c:
+        r = await c.post(route, json=body)
+        ok = await c.post(route, json={**body, "stop": "x" * 256})
+    assert assert_openai_error(r, 400)["param"] == "stop" and ok.status_code == 200
+
+
+@pytest.mark.redis
+async def test_worker_never_unpickles_a_job(tmp_path: Path, redis_url: str, prefix: str) -> None:
+    """Anything that can write Redis could queue a pickle; the worker must not execute it."""
+    import pickle
+    import time
+
+    import redis.asyncio as aioredis
+    from arq.constants import job_key_prefix
+
+    from offline_suites.config import SuiteSettings
+    from offline_suites.jobs import job_deserializer, job_serializer
+    from offline_suites.keys import Keys
+    from offline_suites.worker import build_worker
+
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (open, (str(marker), "w"))
+
+    s = SuiteSettings(key_prefix=f"{prefix}:suites:", results_dir=tmp_path / "results")
+    keys = Keys(s.key_prefix)
+    r = aioredis.Redis.from_url(redis_url)
+    job_id = keys.job_id("evil")
+    job = {"t": 1, "f": "run_suite", "a": [Payload()], "k": {}, "et": int(time.time() * 1000)}
+    await r.set(job_key_prefix + job_id, pickle.dumps(job))
+    await r.zadd(keys.queue, {job_id: job["et"]})   # arq reads a score of 0 as "not queued"
+    w = build_worker(s, redis_url, burst=True, poll_delay=0.02, handle_signals=False)
+    try:
+        await w.main()
+    finally:
+        await w.close()
+        await r.delete(job_key_prefix + job_id)
+        async for k in r.scan_iter(match=f"arq:*{prefix}*"):
+            await r.delete(k)
+        await r.aclose()
+    assert w.jobs_failed == 1 and not marker.exists()     # read, refused, never unpickled
+    assert job_deserializer(job_serializer({"a": ["run-1"], "t": 1})) == {"a": ["run-1"], "t": 1}
+
+
+def test_compose_keeps_secrets_and_internals_off_the_network() -> None:
+    import yaml
+
+    c = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services, nets = c["services"], c["networks"]
+    assert nets["internal"]["internal"] is True
+    redis = services["redis"]
+    assert "--requirepass" in " ".join(redis["command"]) and "ports" not in redis
+    assert redis["networks"] == ["internal"]
+    assert redis["environment"]["REDISCLI_AUTH"].startswith("${NEXTGUARD_REDIS_PASSWORD:?")
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")   # no admin/admin
+    for name in ("prometheus", "grafana"):
+        assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"]), name
+    env_example = (ROOT / "deploy" / "env.example").read_text()
+    assert "NEXTGUARD_REDIS_PASSWORD=" in env_example and "GRAFANA_ADMIN_PASSWORD=" in env_example
+    subnet = nets["internal"]["ipam"]["config"][0]["subnet"]
+    assert json.loads(services["gateway"]["environment"]["NEXTGUARD_OPS__AUTH__METRICS_NETWORKS"]) == [subnet]
+    lb = (ROOT / "deploy" / "nginx" / "nextguard-lb.conf").read_text()
+    assert "location = /metrics" in lb
+    (retry,) = [x for x in lb.splitlines() if x.strip().startswith("proxy_next_upstream ")]
+    assert "timeout" not in retry            # a slow POST is never replayed on the other replica
+
+
+@pytest.mark.redis
+async def test_identical_run_of_another_tenant_is_its_own(tmp_path: Path, redis_url: str, prefix: str) -> None:
+    """Run ids used to be content hashes: a second tenant submitting the same run became its co-owner and
+    could cancel it."""
+    import redis.asyncio as aioredis
+
+    from offline_suites.config import SuiteSettings
+    from offline_suites.keys import Keys
+
+    app, rt = make_app(ScriptedEngine(), tmp_path, redis_url=redis_url, prefix=prefix,
+                       ops=OpsSettings(auth=AuthSettings(enabled=True, cache_ttl_s=0.0)))
+    s = SuiteSettings(key_prefix=f"{prefix}:suites:", results_dir=tmp_path / "results")
+    app.state.suite_settings = s
+    app.state.redis = aioredis.Redis.from_url(redis_url)
+    run = {"preset": "smoke", "config": {"llm_dialogues": 0, "dialogues": 2}}     # queued only
+    key_a, _ = await rt.keys.create("tenant-a")
+    key_b, _ = await rt.keys.create("tenant-b")
+    try:
+        async with client(app, key_a) as a, client(app, key_b) as b:
+            ra = await a.post("/v1/suites/tableagent/runs", json=run)
+            rb = await b.post("/v1/suites/tableagent/runs", json=run)
+            assert ra.status_code == 201 and rb.status_code == 201, (ra.text, rb.text)
+            a_id, b_id = ra.json()["id"], rb.json()["id"]
+            assert a_id != b_id
+            assert (await a.post("/v1/suites/tableagent/runs", json=run)).json()["id"] == a_id   # A's, again
+            assert_openai_error(await b.post(f"/v1/runs/{a_id}/cancel"), 404, "run_not_found")
+            assert (await a.get(f"/v1/runs/{a_id}")).json()["cancel_requested"] is False
+            # an explicit idempotency key: the same key is the same run, reused for another run a 409
+            h = {"Idempotency-Key": "nightly-2026-12-03"}
+            k1 = await a.post("/v1/suites/tableagent/runs", json={**run, "seed": 5}, headers=h)
+            k2 = await a.post("/v1/suites/tableagent/runs", json={**run, "seed": 5}, headers=h)
+            assert k1.status_code == 201 and k2.status_code == 200 and k1.json()["id"] == k2.json()["id"]
+            assert k1.json()["id"] not in (a_id, b_id)
+            clash = await a.post("/v1/suites/tableagent/runs", json={**run, "seed": 6}, headers=h)
+            assert assert_openai_error(clash, 409, "idempotency_key_reused")["param"] == "Idempotency-Key"
+            kb = await b.post("/v1/suites/tableagent/runs", json={**run, "seed": 5}, headers=h)
+            assert kb.status_code == 201 and kb.json()["id"] != k1.json()["id"]          # keys are per tenant
+    finally:
+        await app.state.redis.aclose()
+        import redis
+
+        r = redis.Redis.from_url(redis_url)
+        for pat in Keys(s.key_prefix).patterns():
+            keys = list(r.scan_iter(match=pat, count=1000))
+            if keys:
+                r.delete(*keys)
+        r.close()
+
+
+async def test_metrics_answer_only_the_internal_network(tmp_path: Path) -> None:
+    import httpx
+
+    ops = OpsSettings(auth=AuthSettings(metrics_networks=("172.31.250.0/24",)))
+    app, _ = make_app(ScriptedEngine(), tmp_path, redis_url=dead_redis_url(), ops=ops)
+
+    async def scrape(peer: str, **headers: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, client=(peer, 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            return await c.get("/metrics", headers=headers)
+
+    assert (await scrape("172.31.250.7")).status_code == 200
+    assert (await scrape("203.0.113.9")).status_code == 404
+    assert (await scrape("203.0.113.9", **{"X-Forwarded-For": "172.31.250.7"})).status_code == 404
+    assert (await scrape("127.0.0.1")).status_code == 404
