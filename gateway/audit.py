@@ -96,7 +96,7 @@ class AuditLog:
         guard_disabled: bool = False,
         override_refused: str | None = None,
     ) -> list[dict[str, Any]]:
-        base = {
+        base: dict[str, Any] = {
             "ts": round(time.time(), 3),
             "request_id": request_id,
             "tenant": tenant,
