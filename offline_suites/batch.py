@@ -55,8 +55,9 @@ async def _put_json(redis: Any, key: str, obj: dict[str, Any], ttl: int) -> None
 
 
 # ------------------------------------------------------------------------------------------ files
-async def store_file(redis: Any, settings: SuiteSettings, data: bytes, filename: str, purpose: str) -> dict[str, Any]:
-    fid = new_id("file")
+async def store_file(redis: Any, settings: SuiteSettings, data: bytes, filename: str, purpose: str,
+                     file_id: str | None = None) -> dict[str, Any]:
+    fid = file_id or new_id("file")
     (files_dir(settings) / fid).write_bytes(data)
     obj = {"id": fid, "object": "file", "bytes": len(data), "created_at": int(time.time()), "filename": filename,
            "purpose": purpose, "status": "processed"}
@@ -66,6 +67,13 @@ async def store_file(redis: Any, settings: SuiteSettings, data: bytes, filename:
 
 async def get_file(redis: Any, settings: SuiteSettings, file_id: str) -> dict[str, Any] | None:
     return await _get_json(redis, Keys(settings.key_prefix).file(file_id))
+
+
+async def delete_file(redis: Any, settings: SuiteSettings, file_id: str) -> bool:
+    """Remove a file's record and bytes; False when there was no such file."""
+    existed = bool(await redis.delete(Keys(settings.key_prefix).file(file_id)))
+    file_path(settings, file_id).unlink(missing_ok=True)
+    return existed
 
 
 def file_path(settings: SuiteSettings, file_id: str) -> Path:
@@ -112,12 +120,14 @@ def parse_batch_file(data: bytes, endpoint: str, max_lines: int) -> list[dict[st
 
 # ---------------------------------------------------------------------------------------- batches
 async def create_batch(redis: Any, settings: SuiteSettings, input_file_id: str, endpoint: str,
-                       completion_window: str, metadata: dict[str, str] | None) -> dict[str, Any]:
+                       completion_window: str, metadata: dict[str, str] | None, *, batch_id: str | None = None,
+                       tenant: str | None = None) -> dict[str, Any]:
+    """Record and queue a batch. ``tenant``: who submitted it; its lines are sent as that tenant."""
     from offline_suites.jobs import arq_pool
     from offline_suites.worker import BATCH_FUNCTION
 
     keys = Keys(settings.key_prefix)
-    bid = new_id("batch")
+    bid = batch_id or new_id("batch")
     now = int(time.time())
     batch = {"id": bid, "object": "batch", "endpoint": endpoint, "errors": None, "input_file_id": input_file_id,
              "completion_window": completion_window, "status": "validating", "output_file_id": None,
@@ -125,6 +135,8 @@ async def create_batch(redis: Any, settings: SuiteSettings, input_file_id: str, 
              "finalizing_at": None, "completed_at": None, "failed_at": None, "expired_at": None,
              "cancelling_at": None, "cancelled_at": None,
              "request_counts": {"total": 0, "completed": 0, "failed": 0}, "metadata": metadata or None}
+    if tenant is not None:
+        await redis.set(keys.batch_tenant(bid), tenant, ex=settings.keep_runs_s)
     await _put_json(redis, keys.batch(bid), batch, settings.keep_runs_s)
     await redis.zadd(keys.batches_index, {bid: now})
     await arq_pool(redis).enqueue_job(BATCH_FUNCTION, bid, _job_id=keys.job_id(bid), _queue_name=keys.queue)

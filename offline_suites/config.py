@@ -39,6 +39,10 @@ class SuiteSettings(BaseModel):
     poll_interval_s: float = Field(0.5, gt=0, description="how often a running job flushes progress / reads cancel")
     batch_concurrency: int = Field(4, ge=1, description="in-flight requests per batch against the gateway")
     max_batch_lines: int = Field(50_000, ge=1, description="OpenAI's limit per batch input file")
+    tenant_max_files: int = Field(100, ge=1, description="uploaded files one tenant may keep; over it -> 429")
+    tenant_max_file_bytes: int = Field(1 << 30, ge=1, description="total bytes of one tenant's uploads; over it -> 429")
+    tenant_max_queued_jobs: int = Field(
+        16, ge=1, description="suite runs and batches one tenant may have queued or running; over it -> 429")
 
     @model_validator(mode="after")
     def _check(self) -> SuiteSettings:

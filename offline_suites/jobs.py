@@ -179,6 +179,14 @@ def scoped_run_id(owner: str, content_id: str, idempotency_key: str | None = Non
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def submission_run_id(suite_name: str, preset: str = "smoke", overrides: dict[str, Any] | None = None,
+                      seed: int = 0, *, owner: str | None = None, idempotency_key: str | None = None) -> str:
+    """The id :func:`submit_run` gives this submission (so a quota can be reserved before it is queued)."""
+    suite = get_suite(suite_name)
+    content_id = run_id_for(suite.name, suite.version, build_config(suite.config_cls, preset, overrides), seed)
+    return content_id if owner is None else scoped_run_id(owner, content_id, idempotency_key)
+
+
 async def submit_run(redis: Any, settings: SuiteSettings, suite_name: str, preset: str = "smoke",
                      overrides: dict[str, Any] | None = None, seed: int = 0, *, owner: str | None = None,
                      idempotency_key: str | None = None) -> tuple[dict[str, Any], bool]:

@@ -48,6 +48,18 @@ class Keys:
         """JSON metadata of an uploaded/produced file (bytes live in the results dir)."""
         return f"{self.prefix}file:{file_id}"
 
+    def tenant_files(self, tenant: str) -> str:
+        """Hash: the tenant's uploaded file ids -> bytes (upload quota)."""
+        return f"{self.prefix}quota:files:{tenant}"
+
+    def tenant_jobs(self, tenant: str) -> str:
+        """Sorted set: the tenant's queued or running runs and batches (submission quota)."""
+        return f"{self.prefix}quota:jobs:{tenant}"
+
+    def batch_tenant(self, batch_id: str) -> str:
+        """The tenant a batch was submitted by: its lines run as that tenant."""
+        return f"{self.prefix}batch-tenant:{batch_id}"
+
     @property
     def health_check(self) -> str:
         return f"{self.prefix}health-check"

@@ -488,3 +488,98 @@ async def test_metrics_answer_only_the_internal_network(tmp_path: Path) -> None:
     assert (await scrape("203.0.113.9")).status_code == 404
     assert (await scrape("203.0.113.9", **{"X-Forwarded-For": "172.31.250.7"})).status_code == 404
     assert (await scrape("127.0.0.1")).status_code == 404
+
+
+# -- per-tenant quotas on the jobs API, and deleting files ----------------------------------------------
+def _jobs_app(tmp_path: Path, redis_url: str, prefix: str, **suites: Any) -> tuple[Any, Any, Any]:
+    import redis.asyncio as aioredis
+
+    from offline_suites.config import SuiteSettings
+
+    app, rt = make_app(ScriptedEngine(), tmp_path, redis_url=redis_url, prefix=prefix,
+                       ops=OpsSettings(auth=AuthSettings(enabled=True, cache_ttl_s=0.0)))
+    s = SuiteSettings(key_prefix=f"{prefix}:suites:", results_dir=tmp_path / "results", **suites)
+    app.state.suite_settings = s
+    app.state.redis = aioredis.Redis.from_url(redis_url)
+    return app, rt, s
+
+
+async def _drop_jobs_keys(app: Any, redis_url: str, s: Any) -> None:
+    import redis
+
+    from offline_suites.keys import Keys
+
+    await app.state.redis.aclose()
+    r = redis.Redis.from_url(redis_url)
+    for pat in Keys(s.key_prefix).patterns():
+        keys = list(r.scan_iter(match=pat, count=1000))
+        if keys:
+            r.delete(*keys)
+    r.close()
+
+
+def _batch_file(n: int = 1, text: str = "hi") -> bytes:
+    return "".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+                               "body": {"model": "scripted", "messages": [{"role": "user", "content": text}]}}) + "\n"
+                   for i in range(n)).encode()
+
+
+@pytest.mark.redis
+async def test_uploads_are_bounded_per_tenant(tmp_path: Path, redis_url: str, prefix: str) -> None:
+    app, rt, s = _jobs_app(tmp_path, redis_url, prefix, tenant_max_files=2, tenant_max_file_bytes=4000)
+    key_a, _ = await rt.keys.create("tenant-a")
+    key_b, _ = await rt.keys.create("tenant-b")
+    small, big = _batch_file(1), _batch_file(40)
+    assert len(small) < 200 and len(big) > 4000
+    try:
+        async with client(app, key_a) as a, client(app, key_b) as b:
+            async def up(c: Any, data: bytes) -> Any:
+                return await c.post("/v1/files", data={"purpose": "batch"}, files={"file": ("b.jsonl", data)})
+
+            err = assert_openai_error(await up(a, big), 429, "file_bytes_quota_exceeded")
+            assert err["param"] == "suites.tenant_max_file_bytes" and "4000" in err["message"]
+            f1, f2 = (await up(a, small)).json(), (await up(a, small)).json()
+            err = assert_openai_error(await up(a, small), 429, "file_count_quota_exceeded")
+            assert err["param"] == "suites.tenant_max_files" and "suites.tenant_max_files = 2" in err["message"]
+            assert (await up(b, small)).status_code == 200          # the quota is per tenant
+            # another tenant cannot delete A's file (404, as unknown); the owner can, and the slot comes back
+            assert_openai_error(await b.delete(f"/v1/files/{f1['id']}"), 404, "file_not_found")
+            assert (await a.get(f"/v1/files/{f1['id']}")).status_code == 200
+            d = await a.delete(f"/v1/files/{f1['id']}")
+            assert d.status_code == 200 and d.json() == {"id": f1["id"], "object": "file", "deleted": True}
+            assert_openai_error(await a.get(f"/v1/files/{f1['id']}"), 404, "file_not_found")
+            assert_openai_error(await a.delete(f"/v1/files/{f1['id']}"), 404, "file_not_found")
+            assert not (s.results_dir / "files" / f1["id"]).exists()
+            assert (await up(a, small)).status_code == 200
+            assert (await a.get(f"/v1/files/{f2['id']}/content")).content == small
+    finally:
+        await _drop_jobs_keys(app, redis_url, s)
+
+
+@pytest.mark.redis
+async def test_queued_submissions_are_bounded_per_tenant(tmp_path: Path, redis_url: str, prefix: str) -> None:
+    app, rt, s = _jobs_app(tmp_path, redis_url, prefix, tenant_max_queued_jobs=2)
+    key_a, _ = await rt.keys.create("tenant-a")
+    key_b, _ = await rt.keys.create("tenant-b")
+    run = {"preset": "smoke", "config": {"llm_dialogues": 0, "dialogues": 2}}     # queued only: no worker here
+    try:
+        async with client(app, key_a) as a, client(app, key_b) as b:
+            r1 = await a.post("/v1/suites/tableagent/runs", json=run)
+            fid = (await a.post("/v1/files", data={"purpose": "batch"},
+                                files={"file": ("b.jsonl", _batch_file())})).json()["id"]
+            bt = await a.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/chat/completions"})
+            assert r1.status_code == 201 and bt.status_code == 200, (r1.text, bt.text)
+            # resubmitting the queued run is the same run, not another one: still allowed
+            assert (await a.post("/v1/suites/tableagent/runs", json=run)).json()["id"] == r1.json()["id"]
+            err = assert_openai_error(await a.post("/v1/suites/tableagent/runs", json={**run, "seed": 1}), 429,
+                                      "job_quota_exceeded")
+            assert err["param"] == "suites.tenant_max_queued_jobs" and "= 2" in err["message"]
+            over = await a.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/chat/completions"})
+            assert_openai_error(over, 429, "job_quota_exceeded")
+            assert len((await a.get("/v1/batches")).json()["data"]) == 1      # the refused batch was never made
+            assert (await b.post("/v1/suites/tableagent/runs", json=run)).status_code == 201   # per tenant
+            # finished work stops counting: cancelling the queued run frees its slot
+            assert (await a.post(f"/v1/runs/{r1.json()['id']}/cancel")).json()["status"] == "cancelled"
+            assert (await a.post("/v1/suites/tableagent/runs", json={**run, "seed": 1})).status_code == 201
+    finally:
+        await _drop_jobs_keys(app, redis_url, s)

@@ -15,10 +15,11 @@ from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
-from gateway.api.routes.suites import redis_client, suite_settings
+from gateway.api.routes.suites import quota_error, quotas, redis_client, suite_settings
 from gateway.auth import OwnersDep, OwnerStore, Principal, PrincipalDep
 from gateway.errors import OpenAIError
 from offline_suites import batch as B
+from offline_suites.quotas import QuotaExceeded
 
 router = APIRouter()
 
@@ -45,7 +46,16 @@ async def files_create(request: Request, principal: PrincipalDep, owners: Owners
         raise OpenAIError(400, f"Invalid batch file: {e}", param="file", code="invalid_file") from e
     except UnicodeDecodeError as e:
         raise OpenAIError(400, "Invalid batch file: not UTF-8", param="file", code="invalid_file") from e
-    f = await B.store_file(redis_client(request), s, data, file.filename or "batch.jsonl", purpose)
+    fid, q = B.new_id("file"), quotas(request)
+    try:
+        await q.reserve_file(principal.tenant, fid, len(data))
+    except QuotaExceeded as e:
+        raise quota_error(e) from e
+    try:
+        f = await B.store_file(redis_client(request), s, data, file.filename or "batch.jsonl", purpose, file_id=fid)
+    except BaseException:
+        await q.release_file(principal.tenant, fid)
+        raise
     await owners.claim("file", f["id"], principal)
     return f
 
@@ -101,6 +111,16 @@ async def files_content(file_id: str, request: Request, principal: PrincipalDep,
     return FileResponse(B.file_path(suite_settings(request), file_id), media_type="application/jsonl")
 
 
+@router.delete("/v1/files/{file_id}")
+async def files_delete(file_id: str, request: Request, principal: PrincipalDep, owners: OwnersDep) -> dict[str, Any]:
+    """Delete a file (record and bytes); it stops counting against the tenant's upload quota."""
+    await _file(request, file_id, principal, owners)       # another tenant's file: 404, as unknown
+    if not await B.delete_file(redis_client(request), suite_settings(request), file_id):
+        raise _file_not_found(file_id)
+    await quotas(request).release_file(principal.tenant, file_id)
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
 @router.post("/v1/batches")
 async def batches_create(body: BatchRequest, request: Request, principal: PrincipalDep, owners: OwnersDep) -> dict[str, Any]:
     """Create a batch from an uploaded file; it starts in ``validating``."""
@@ -113,8 +133,17 @@ async def batches_create(body: BatchRequest, request: Request, principal: Princi
     if f["purpose"] != "batch":
         raise OpenAIError(400, f"File {body.input_file_id} has purpose {f['purpose']!r}, not 'batch'",
                           param="input_file_id")
-    b = await B.create_batch(redis_client(request), suite_settings(request), body.input_file_id, body.endpoint,
-                             body.completion_window, body.metadata)
+    bid, q = B.new_id("batch"), quotas(request)
+    try:
+        await q.reserve_job(principal.tenant, "batch", bid)
+    except QuotaExceeded as e:
+        raise quota_error(e) from e
+    try:
+        b = await B.create_batch(redis_client(request), suite_settings(request), body.input_file_id, body.endpoint,
+                                 body.completion_window, body.metadata, batch_id=bid, tenant=principal.tenant)
+    except BaseException:
+        await q.release_job(principal.tenant, "batch", bid)
+        raise
     await owners.claim("batch", b["id"], principal)
     return b
 

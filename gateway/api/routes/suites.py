@@ -23,9 +23,11 @@ from offline_suites.jobs import (
     RunStore,
     cancel_run,
     public_view,
+    submission_run_id,
     submit_run,
 )
 from offline_suites.keys import Keys
+from offline_suites.quotas import QuotaExceeded, TenantQuotas
 from offline_suites.registry import UnknownSuiteError, get_suite, list_suites
 
 router = APIRouter()
@@ -66,6 +68,14 @@ async def _store(request: Request) -> RunStore:
     return RunStore(redis_client(request), Keys(s.key_prefix), s.keep_runs_s)
 
 
+def quotas(request: Request) -> TenantQuotas:
+    return TenantQuotas(redis_client(request), suite_settings(request))
+
+
+def quota_error(e: QuotaExceeded) -> OpenAIError:
+    return OpenAIError(429, str(e), param=e.limit, code=e.code)
+
+
 def _not_found(run_id: str) -> OpenAIError:
     return OpenAIError(404, f"No run with id {run_id!r}.", param="run_id", code="run_not_found")
 
@@ -83,17 +93,28 @@ async def runs_create(name: str, body: RunRequest, request: Request, principal: 
     """Queue a run; returns the run object. The run is the caller's alone: submitting it again returns it
     (idempotent on suite, version, config and seed, or on the `Idempotency-Key` header when sent), and
     another tenant's identical submission is a run of its own."""
+    reserved: str | None = None
     try:
         get_suite(name)
+        run_id = submission_run_id(name, body.preset, body.config, body.seed, owner=principal.tenant,
+                                   idempotency_key=idempotency_key)
+        if await quotas(request).reserve_job(principal.tenant, "run", run_id):
+            reserved = run_id
         rec, created = await submit_run(redis_client(request), suite_settings(request), name, body.preset,
                                         body.config, body.seed, owner=principal.tenant,
                                         idempotency_key=idempotency_key)
+        reserved = None
+    except QuotaExceeded as e:
+        raise quota_error(e) from e
     except UnknownSuiteError as e:
         raise OpenAIError(404, str(e), param="name", code="suite_not_found") from e
     except IdempotencyConflict as e:
         raise OpenAIError(409, str(e), param="Idempotency-Key", code="idempotency_key_reused") from e
     except ConfigError as e:
         raise OpenAIError(400, str(e), param="config", code="invalid_config") from e
+    finally:
+        if reserved is not None:    # refused after the reservation: it counts nothing
+            await quotas(request).release_job(principal.tenant, "run", reserved)
     await owners.claim("run", rec["id"], principal)
     return JSONResponse(public_view(rec), status_code=201 if created else 200)
 
