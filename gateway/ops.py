@@ -44,6 +44,7 @@ from gateway.errors import OpenAIError
 from gateway.ops_config import OpsSettings
 from gateway.serving.common import GUARD_OVERRIDE_REFUSED, STREAM_TIMEOUTS, StreamStats, StreamTimeouts
 from gateway.tenants import GUARD_DISABLE, TenantGrants, Tenants
+from offline_suites.config import TENANT_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -316,6 +317,7 @@ class OpsMiddleware:
             auth_header = headers.get(b"authorization")
             try:
                 principal = await rt.auth.authenticate(auth_header.decode("latin-1") if auth_header else None)
+                principal = _acting_for(principal, headers.get(TENANT_HEADER.lower().encode()))
             except OpenAIError as e:
                 metrics.REQUESTS.labels(_route_label(path), str(e.status)).inc()
                 await _error_response(e)(scope, receive, send)
@@ -463,6 +465,24 @@ class OpsMiddleware:
         )
         if records:
             audit.write(records)
+
+
+def _acting_for(principal: Principal, header: bytes | None) -> Principal:
+    """The suite worker runs a tenant's batch lines and suite model calls with the operator key, naming the
+    tenant in ``TENANT_HEADER``: they are served as that tenant (its guard policy, grants, quotas, audit
+    attribution), not as the operator. Only the operator key may do this; from any other key it is a 403,
+    never a way to borrow another tenant's policy."""
+    if header is None:
+        return principal
+    if not principal.admin:
+        raise OpenAIError(403, f"Only the operator key may send {TENANT_HEADER}; drop the header.",
+                          param=TENANT_HEADER, code="tenant_header_not_allowed")
+    tenant = header.decode("latin-1").strip()
+    if not tenant or len(tenant) > 128 or not tenant.isprintable():
+        raise OpenAIError(400, f"{TENANT_HEADER} must name a tenant (1 to 128 printable characters).",
+                          param=TENANT_HEADER, code="invalid_tenant_header")
+    # key_id stays the operator's, so the audit shows who sent it as well as whose it was
+    return Principal(tenant=tenant, key_id=principal.key_id, admin=False)
 
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

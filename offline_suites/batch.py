@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from offline_suites.config import SuiteSettings
+from offline_suites.config import TENANT_HEADER, SuiteSettings
 from offline_suites.keys import Keys
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
@@ -216,8 +216,12 @@ async def run_batch_job(ctx: dict[str, Any], batch_id: str) -> str:
     sem = asyncio.Semaphore(settings.batch_concurrency)
     cancelled = False
 
-    async with httpx.AsyncClient(timeout=settings.job_timeout_s,
-                                 headers={"Authorization": f"Bearer {settings.api_key}"}) as client:
+    headers = {"Authorization": f"Bearer {settings.api_key}"}
+    tenant = await redis.get(keys.batch_tenant(batch_id))
+    if tenant is not None:
+        # lines run as the tenant that submitted the batch, not as the worker's key (see TENANT_HEADER)
+        headers[TENANT_HEADER] = tenant.decode() if isinstance(tenant, bytes) else tenant
+    async with httpx.AsyncClient(timeout=settings.job_timeout_s, headers=headers) as client:
         async def one(i: int, line: dict[str, Any]) -> None:
             nonlocal cancelled
             async with sem:

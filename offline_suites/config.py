@@ -13,6 +13,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from inference.config import InferenceSettings
 
+# The worker sends a batch line, or a model call of a suite run, with the operator key and this header naming
+# the tenant that submitted the job; the gateway then serves it as that tenant (its policy, quotas and audit
+# attribution). The gateway honours the header from the operator key only.
+TENANT_HEADER = "X-NextGuard-Tenant"
+
 
 def _default_results_dir() -> Path:
     home = Path(os.environ.get("NEXTGUARD_HOME", Path.home() / ".cache" / "nextguard"))
@@ -27,9 +32,12 @@ class SuiteSettings(BaseModel):
     key_prefix: str = Field("nextguard:suites:", description="every Redis key of the platform starts with this")
     llm_backend: Literal["engine", "api"] = Field(
         "engine", description="'engine': in-process EngineClient (co-located worker); "
-                              "'api': the gateway's public OpenAI API at api_base_url")
-    api_base_url: str = Field("http://127.0.0.1:8000/v1", description="gateway OpenAI base URL (api backend, batches)")
-    api_key: str = Field("EMPTY", description="bearer token for api_base_url")
+                              "'api': the gateway's public OpenAI API at api_base_url. Runs submitted over the "
+                              "jobs API always use the gateway's API, as their submitter, so the guard sees them")
+    api_base_url: str = Field("http://127.0.0.1:8000/v1",
+                              description="gateway OpenAI base URL (api backend, batches, runs from the jobs API)")
+    api_key: str = Field("EMPTY", description="bearer token for api_base_url: the operator key (ops.auth.admin_key) "
+                                              "where the gateway has auth on, so jobs can run as their tenant")
     api_model: str | None = Field(None, description="model id to request; None = first of GET /v1/models")
     max_tries: int = Field(3, ge=1, le=20, description="attempts per run (transient errors, lost workers)")
     retry_backoff_s: float = Field(2.0, ge=0, description="first retry delay; doubles per attempt (cap 60 s)")

@@ -215,7 +215,7 @@ async def submit_run(redis: Any, settings: SuiteSettings, suite_name: str, prese
     job_id = keys.job_id(run_id)
     # a previous failed/cancelled attempt may have left arq bookkeeping behind
     await redis.delete(job_key_prefix + job_id, result_key_prefix + job_id, retry_key_prefix + job_id)
-    await store.set(run_id, id=run_id, content_id=content_id, suite=suite.name, version=suite.version, preset=preset, seed=seed,
+    await store.set(run_id, id=run_id, content_id=content_id, owner=owner or "", suite=suite.name, version=suite.version, preset=preset, seed=seed,
                     config=dataclasses.asdict(config), overrides=overrides or {}, status=JobStatus.queued.value,
                     progress=0.0, message="queued", attempts=0, error="", result=None, artifacts=[],
                     cancel_requested=False, created_at=now, started_at="", finished_at="")
@@ -251,6 +251,19 @@ async def cancel_run(redis: Any, settings: SuiteSettings, run_id: str) -> dict[s
 
 
 # ------------------------------------------------------------------------------------ the arq job
+def _llm_factory(ctx: dict[str, Any], settings: SuiteSettings, owner: str | None) -> Any:
+    """How a run reaches the model. A run submitted over the jobs API (it has an owner) carries client text
+    (suite configs put it into prompts), so it goes through the gateway's public API as its submitter: the
+    prompt gate reads what is sent, the response gate what comes back, under that tenant's policy, quotas
+    and audit attribution. The worker's own door (the in-process engine, which has no guard) serves only runs
+    queued without an owner, which only the operator's own code can do."""
+    if owner is None:
+        return ctx.get("llm_factory")
+    from offline_suites.llm import build_openai_client
+
+    return lambda: build_openai_client(settings, tenant=owner)
+
+
 async def run_suite_job(ctx: dict[str, Any], run_id: str) -> str:
     """arq function: execute one run in a thread, mirroring progress/cancel through Redis."""
     from arq.worker import Retry
@@ -283,7 +296,8 @@ async def run_suite_job(ctx: dict[str, Any], run_id: str) -> str:
     config = build_config(suite.config_cls, rec["preset"], rec.get("overrides") or None)
     results_dir = settings.results_dir / run_id
     cancel = threading.Event()
-    run_ctx = RunContext(results_dir=results_dir, llm_factory=ctx.get("llm_factory"), cancel_event=cancel,
+    run_ctx = RunContext(results_dir=results_dir, llm_factory=_llm_factory(ctx, settings, rec.get("owner") or None),
+                         cancel_event=cancel,
                          model_path_factory=ctx.get("model_path_factory"))
     task = asyncio.ensure_future(asyncio.to_thread(suite.run, run_ctx, config, int(rec["seed"])))
     last = (-1.0, "")

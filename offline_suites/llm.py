@@ -144,10 +144,15 @@ class OpenAILLMClient:
     """LLMClient over the gateway's public OpenAI API (chat completions + completions echo/logprobs)."""
 
     def __init__(self, base_url: str, api_key: str = "EMPTY", model: str | None = None,
-                 timeout_s: float = 600.0, concurrency: int = 4) -> None:
+                 timeout_s: float = 600.0, concurrency: int = 4, tenant: str | None = None) -> None:
         import openai
 
-        self._client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=2)
+        from offline_suites.config import TENANT_HEADER
+
+        # ``tenant``: call as that tenant (``api_key`` is then the operator key; see TENANT_HEADER)
+        headers = {TENANT_HEADER: tenant} if tenant is not None else None
+        self._client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=2,
+                                     default_headers=headers)
         self._model = model
         self._concurrency = concurrency
 
@@ -220,5 +225,5 @@ class BackgroundEngine:
             self._thread.join(10)
 
 
-def build_openai_client(settings: SuiteSettings) -> OpenAILLMClient:
-    return OpenAILLMClient(settings.api_base_url, settings.api_key, settings.api_model)
+def build_openai_client(settings: SuiteSettings, tenant: str | None = None) -> OpenAILLMClient:
+    return OpenAILLMClient(settings.api_base_url, settings.api_key, settings.api_model, tenant=tenant)

@@ -583,3 +583,169 @@ async def test_queued_submissions_are_bounded_per_tenant(tmp_path: Path, redis_u
             assert (await a.post("/v1/suites/tableagent/runs", json={**run, "seed": 1})).status_code == 201
     finally:
         await _drop_jobs_keys(app, redis_url, s)
+
+
+# -- jobs run as the tenant that submitted them, through the guard ------------------------------------
+OPERATOR_KEY = "op-secret-for-the-worker"
+
+
+def _tenant_jobs_app(tmp_path: Path, redis_url: str, prefix: str, port: int) -> tuple[Any, Any, Any, ScriptedEngine]:
+    """Auth on, an operator key (the worker's), tenant-a with a tighter response threshold than the
+    deployment's, the scripted guard (cuts "world", flags "forbidden" prompts), the jobs API at ``port``."""
+    import redis.asyncio as aioredis
+
+    from offline_suites.config import SuiteSettings
+
+    engine = ScriptedEngine()
+    ops = OpsSettings(auth=AuthSettings(enabled=True, cache_ttl_s=0.0, admin_key=OPERATOR_KEY),
+                      tenants={"tenant-a": TenantSettings(guard=GuardPolicyOverrides(response_threshold=0.3))})
+    app, rt = make_app(engine, tmp_path, redis_url=redis_url, prefix=prefix, ops=ops,
+                       guard=ScriptedGuard(trigger="world"), guard_policy=GuardPolicy())
+    s = SuiteSettings(key_prefix=f"{prefix}:suites:", results_dir=tmp_path / "results",
+                      api_base_url=f"http://127.0.0.1:{port}/v1", api_key=OPERATOR_KEY)
+    app.state.suite_settings = s
+    app.state.redis = aioredis.Redis.from_url(redis_url)
+    return app, rt, s, engine
+
+
+class _Served:
+    """The app on a real port (the worker reaches it over HTTP, as in a deployment)."""
+
+    def __init__(self, app: Any, port: int) -> None:
+        import uvicorn
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+
+    async def __aenter__(self) -> None:
+        self.task = asyncio.create_task(self.server.serve())
+        for _ in range(200):
+            if self.server.started:
+                return
+            await asyncio.sleep(0.05)
+        raise RuntimeError("uvicorn did not start")
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        await self.task
+
+
+async def _burst_worker(s: Any, redis_url: str, **kw: Any) -> Any:
+    from offline_suites.worker import build_worker
+
+    w = build_worker(s, redis_url, burst=True, poll_delay=0.02, handle_signals=False, **kw)
+    try:
+        await w.main()
+    finally:
+        await w.close()
+    return w
+
+
+@pytest.mark.redis
+async def test_only_the_operator_key_may_act_for_a_tenant(tmp_path: Path, redis_url: str, prefix: str) -> None:
+    from offline_suites.config import TENANT_HEADER
+
+    app, rt, s, engine = _tenant_jobs_app(tmp_path, redis_url, prefix, port=1)
+    key_b, _ = await rt.keys.create("tenant-b")
+    loose = chat(guard={"response_threshold": 0.4})     # under the deployment's 0.5, over tenant-a's 0.3
+    try:
+        async with client(app, key_b) as b, client(app, OPERATOR_KEY) as op:
+            # a tenant naming another tenant: refused outright, nothing reaches the model
+            err = assert_openai_error(await b.post("/v1/chat/completions", json=chat(), headers={TENANT_HEADER: "tenant-a"}),
+                                      403, "tenant_header_not_allowed")
+            assert err["param"] == TENANT_HEADER and engine.requests == []
+            assert_openai_error(await op.post("/v1/chat/completions", json=chat(), headers={TENANT_HEADER: " "}), 400,
+                                "invalid_tenant_header")
+            # the operator acting for tenant-a gets tenant-a's policy, not its own
+            assert (await op.post("/v1/chat/completions", json=loose)).status_code == 200
+            r = await op.post("/v1/chat/completions", json=loose, headers={TENANT_HEADER: "tenant-a"})
+            assert assert_openai_error(r, 400, "guard_override_not_allowed")["param"] == "guard.response_threshold"
+            # and its ownership: the operator acting for tenant-b sees none of the operator's own jobs' privileges
+            assert (await op.get("/v1/batches", headers={TENANT_HEADER: "tenant-b"})).json()["data"] == []
+    finally:
+        await _drop_jobs_keys(app, redis_url, s)
+
+
+@pytest.mark.redis
+async def test_batch_lines_run_as_the_submitting_tenant(tmp_path: Path, redis_url: str, prefix: str) -> None:
+    """Batch lines used to be sent with the worker's own key: the tenant's policy and audit attribution were
+    replaced by the worker's."""
+    from tests.conftest import free_port
+
+    port = free_port()
+    app, rt, s, engine = _tenant_jobs_app(tmp_path, redis_url, prefix, port)
+    key_a, key_id_a = await rt.keys.create("tenant-a")
+    lines = [{"custom_id": cid, "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "scripted", "messages": [{"role": "user", "content": text}], **extra}}
+             for cid, text, extra in [("plain", "hello", {}), ("flagged", "something forbidden", {}),
+                                      ("loose", "hello", {"guard": {"response_threshold": 0.4}})]]
+    payload = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    try:
+        async with _Served(app, port), client(app, key_a) as a:
+            f = (await a.post("/v1/files", data={"purpose": "batch"}, files={"file": ("b.jsonl", payload)})).json()
+            b = (await a.post("/v1/batches", json={"input_file_id": f["id"], "endpoint": "/v1/chat/completions"})).json()
+            await _burst_worker(s, redis_url)
+            b = (await a.get(f"/v1/batches/{b['id']}")).json()
+            assert b["status"] == "completed" and b["request_counts"] == {"total": 3, "completed": 1, "failed": 2}, b
+            out = [json.loads(x) for x in (await a.get(f"/v1/files/{b['output_file_id']}/content")).text.splitlines()]
+            err = {x["custom_id"]: x for x in (json.loads(y) for y in
+                                                 (await a.get(f"/v1/files/{b['error_file_id']}/content")).text.splitlines())}
+        # the response gate cut the plain line, the prompt gate refused the flagged one ...
+        assert [o["custom_id"] for o in out] == ["plain"]
+        assert out[0]["response"]["body"]["choices"][0]["finish_reason"] == "content_filter"
+        assert "content_filter" in json.dumps(err["flagged"]["response"]["body"])
+        # ... and tenant-a's ceiling (0.3) refused the override the worker's own policy (0.5) would take
+        assert err["loose"]["response"]["body"]["error"]["code"] == "guard_override_not_allowed"
+        assert len(engine.requests) == 1          # only the plain line reached the model
+        lines_audit = [x for x in _audit_lines(rt) if x["route"] == "/v1/chat/completions"]
+        assert lines_audit and {(x["tenant"], x["key_id"]) for x in lines_audit} == {("tenant-a", "admin")}
+        assert key_id_a != "admin"
+    finally:
+        await _drop_jobs_keys(app, redis_url, s)
+
+
+@pytest.mark.redis
+async def test_suite_runs_reach_the_model_only_through_the_guard(tmp_path: Path, redis_url: str, prefix: str) -> None:
+    """A suite config puts client text into prompts (cgm's ``audit_professions``). The worker's in-process
+    engine has no guard: a run submitted over the jobs API must not use it, but call the gateway as its
+    submitter, so the prompt gate reads that text and the response gate the model's reply."""
+    from tests.conftest import free_port
+
+    door: list[str] = []
+
+    def unguarded_engine() -> Any:        # the worker's own door to the model (the co-located engine)
+        door.append("opened")
+        raise AssertionError("a run from the jobs API reached the worker's unguarded engine")
+
+    port = free_port()
+    app, rt, s, engine = _tenant_jobs_app(tmp_path, redis_url, prefix, port)
+    key_a, _ = await rt.keys.create("tenant-a")
+    small = {"seq_len": 2, "vocab": 3, "hidden": 4, "lambdas": [1.0, 0.1], "reward_ns": [10, 20], "epochs": 2,
+             "batch": 4, "estimator_replicates": 4, "estimator_batch": 2, "audit_samples": 1, "audit_max_tokens": 8,
+             "audit_professions": ["doctor", "forbidden trade"]}
+    try:
+        async with _Served(app, port), client(app, key_a) as a:
+            r = await a.post("/v1/suites/cgm/runs", json={"preset": "smoke", "config": small})
+            assert r.status_code == 201, r.text
+            await _burst_worker(s, redis_url, llm_factory=unguarded_engine)
+            run = (await a.get(f"/v1/runs/{r.json()['id']}")).json()
+        assert door == []
+        # "doctor" went through (its reply cut by the response gate); the flagged profession was refused at
+        # the prompt gate, which fails the run
+        assert run["status"] == "failed" and "content_filter" in run["error"], run
+        assert len(engine.requests) == 1
+        audit = [x for x in _audit_lines(rt) if x["route"] == "/v1/chat/completions"]
+        assert sorted(x["decision"] for x in audit) == ["intervened", "intervened"], audit
+        assert {x["tenant"] for x in audit} == {"tenant-a"}
+    finally:
+        await _drop_jobs_keys(app, redis_url, s)
+
+
+def test_compose_worker_reaches_the_gateway_as_the_operator() -> None:
+    """In compose the worker had no base URL or key: every batch line failed."""
+    import yaml
+
+    c = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    env = c["services"]["worker"]["environment"]
+    assert env["NEXTGUARD_SUITES__API_BASE_URL"] == "http://gateway:8000/v1"
+    assert env["NEXTGUARD_SUITES__API_KEY"] == c["services"]["gateway"]["environment"]["NEXTGUARD_OPS__AUTH__ADMIN_KEY"]
+    assert c["services"]["gateway"]["ports"][0].endswith(":8000")
