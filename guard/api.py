@@ -74,7 +74,6 @@ class GuardPolicy:
     response_threshold: float | None = None
     hold_back: int = 1                   # tokens withheld until scored (>= 1 means never send unscored)
     fail_closed: bool = True
-    mode: str | None = None              # "max" | "debounce" | "decay"; None = artifact default
     categories: tuple[str, ...] = field(default_factory=tuple)   # empty = all
 
 

@@ -328,7 +328,6 @@ def policy_from(
         response_threshold=thresholds["response"],
         hold_back=hold_back,
         fail_closed=default.fail_closed,
-        mode=default.mode,
         categories=default.categories,
     )
 
