@@ -9,20 +9,28 @@ guard off (a permission the operator grants) leaves a ``guard_disabled`` line, a
 Lines carry ids, the tenant, the category, the score, the threshold, the offsets and the SAE feature
 ids; never the text unless ``ops.audit.include_content`` is on.
 
-Writes are one ``write()`` of one line on a file opened in append mode, so several worker processes can
-share the file without interleaving lines (lines stay well under the size POSIX appends keep whole).
+Lines are written by one background thread, never on the event loop: a slow or stalled disk must not hold
+up every stream. Each line is one ``write()`` on a file opened in append mode, so several worker processes
+can share the file without interleaving lines (lines stay well under the size POSIX appends keep whole).
+The file is rotated by size (``ops.audit.max_bytes``, ``ops.audit.backups``) by the stdlib's rotating
+handler. Rotation is per process: with several processes on one file, no line is lost, but a backup may
+hold spans of several rotations; give each process its own path where that matters. Shutting the app
+down writes every line already handed over before the file is closed.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
+import logging.handlers
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from gateway.ops_config import AuditSettings
 from gateway.serving.common import StreamStats
@@ -39,31 +47,59 @@ class AuditLog:
             self.path = None
         else:
             self.path = settings.path or home / "audit" / "audit.jsonl"
-        self._fh: IO[str] | None = None
+        self._handler: logging.Handler | None = None
+        self._writer: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
         self.lines_written = 0
 
-    def _stream(self) -> IO[str]:
-        if self.path is None:
-            return sys.stderr
-        if self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives with the app
-        return self._fh
+    def _open(self) -> logging.Handler:
+        # only ever called on the writer thread
+        if self._handler is None:
+            if self.path is None:
+                self._handler = logging.StreamHandler(sys.stderr)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._handler = logging.handlers.RotatingFileHandler(
+                    self.path, maxBytes=self.settings.max_bytes, backupCount=self.settings.backups,
+                    encoding="utf-8", delay=True,
+                )
+            # the handler's own error path prints to stderr and carries on; ours says which file, in our log
+            self._handler.handleError = self._failed  # type: ignore[method-assign]
+        return self._handler
 
-    def write(self, records: Iterable[dict[str, Any]]) -> None:
+    def _failed(self, record: logging.LogRecord) -> None:
+        log.error("could not write the audit log at %s", self.path, exc_info=sys.exc_info())
+
+    def _write_lines(self, lines: list[str]) -> None:
         try:
-            out = self._stream()
-            for rec in records:
-                out.write(json.dumps(rec, separators=(",", ":"), ensure_ascii=False) + "\n")
-                self.lines_written += 1
+            handler = self._open()
         except OSError:
             # An unwritable audit log must not take the stream down; it is loud in the server log instead.
-            log.exception("could not write the audit log at %s", self.path)
+            log.exception("could not open the audit log at %s", self.path)
+            return
+        for line in lines:
+            # one record per line: the handler checks the size and rolls over between lines, never inside one
+            handler.emit(logging.LogRecord("audit", logging.INFO, "", 0, line, None, None))
+            self.lines_written += 1
+
+    def write(self, records: Iterable[dict[str, Any]]) -> concurrent.futures.Future[None]:
+        """Hand the lines to the writer thread; the future is done once they are in the file."""
+        lines = [json.dumps(rec, separators=(",", ":"), ensure_ascii=False) for rec in records]
+        with self._lock:
+            if self._writer is None:
+                # one thread keeps the lines in order; reopened after close (a restarted lifespan serves again)
+                self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-writer")
+            return self._writer.submit(self._write_lines, lines)
 
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        """Write every line handed over so far, then close the file. Blocks until done."""
+        with self._lock:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.shutdown(wait=True)
+        if self._handler is not None:
+            self._handler.close()
+            self._handler = None
 
     # ------------------------------------------------------------------------------- record building
     @staticmethod

@@ -18,6 +18,7 @@ lifespan (in-process test clients) everything still works: Redis connects lazily
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import ipaddress
@@ -154,7 +155,8 @@ class OpsRuntime:
         if self.admission is not None:
             await self.admission.close()
         if self.audit is not None:
-            self.audit.close()
+            # every line handed to the writer reaches the file before shutdown completes
+            await asyncio.to_thread(self.audit.close)
         if self.redis is not None:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()
@@ -413,14 +415,19 @@ class OpsMiddleware:
                 # Shielded: a client disconnect cancels this task, and the slots must still come back.
                 await asyncio.shield(_release_all(rt.admission, slots))
             if audit is not None:
+                written = None
                 try:
-                    self._audit(audit, principal, view.guard_policy, state.get("guard_policy_applied"), path, body,
-                                resp, sink)
+                    written = self._audit(audit, principal, view.guard_policy, state.get("guard_policy_applied"),
+                                          path, body, resp, sink)
                 except Exception:   # auditing must never turn a served response into an error
                     log.exception("audit failed for %s", resp["request_id"])
+                if written is not None:
+                    # The response is out; the request ends once its lines are in the file (written by the audit
+                    # thread, so the loop keeps serving meanwhile). Shielded: a disconnect must not drop them.
+                    await asyncio.shield(asyncio.wrap_future(written))
 
     def _audit(self, audit: AuditLog, principal: Principal, policy: Any, applied: Any, path: str,
-               body: bytes, resp: dict[str, Any], sink: list[StreamStats]) -> None:
+               body: bytes, resp: dict[str, Any], sink: list[StreamStats]) -> concurrent.futures.Future[None] | None:
         req: dict[str, Any] = {}
         with contextlib.suppress(ValueError, TypeError):
             parsed = json.loads(body) if body else {}
@@ -441,7 +448,7 @@ class OpsMiddleware:
         )
         refused = _override_refusal(bytes(resp["body"])) if resp["status"] == 400 else None
         if prompt_cut is None and not sink and refused is None:
-            return
+            return None
         content = None
         if audit.settings.include_content:
             content = {
@@ -463,8 +470,7 @@ class OpsMiddleware:
             guard_disabled=guard_disabled,
             override_refused=refused,
         )
-        if records:
-            audit.write(records)
+        return audit.write(records) if records else None
 
 
 def _acting_for(principal: Principal, header: bytes | None) -> Principal:

@@ -110,6 +110,10 @@ class AuditSettings(BaseModel):
     path: Path | None = Field(default=None, description="Default: <home>/audit/audit.jsonl. `-` = stderr.")
     include_content: bool = Field(default=False, description="Also log prompt and released text (off: ids only).")
     log_passes: bool = Field(default=True, description="Also log guarded choices that were not cut.")
+    max_bytes: int = Field(
+        default=100 * 1024 * 1024, ge=0, description="Rotate the file when a line would take it past this size (0: never)."
+    )
+    backups: int = Field(default=10, ge=0, description="Rotated files kept (audit.jsonl.1 ... .N); older ones are deleted.")
 
 
 class OpsSettings(BaseModel):

@@ -3,17 +3,21 @@ content unless configured), per-tenant guard policy on request.state, and multip
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from fastapi import APIRouter, Request
 
 from gateway import metrics
+from gateway.audit import AuditLog
 from gateway.ops_config import AuditSettings, GuardPolicyOverrides, OpsSettings, TenantSettings
 from gateway.serving.common import StreamStats, choice_stream
 from guard.api import GuardPolicy, SafetyCut
@@ -179,3 +183,71 @@ def test_bench_load_cli_arguments() -> None:
     args = p.parse_args(["load", "--url", "http://127.0.0.1:1", "--concurrency", "8", "--duration", "2", "--storm", "0"])
     assert (args.url, args.concurrency, args.duration, args.storm, args.max_tokens) == ("http://127.0.0.1:1", 8, 2.0, 0, 32)
     assert callable(args.func)
+
+
+async def test_a_stalled_audit_file_does_not_stall_the_event_loop(tmp_path: Path) -> None:
+    """The audit file is a FIFO nobody reads for a while: opening it for writing blocks. Written on the
+    event loop, that would freeze every stream for as long; written by the audit thread, the loop ticks on."""
+    log = tmp_path / "audit.jsonl"
+    os.mkfifo(log)
+    got: list[str] = []
+
+    def late_reader() -> None:
+        time.sleep(1.5)
+        with open(log, encoding="utf-8") as fh:
+            got.append(fh.readline())
+
+    reader = threading.Thread(target=late_reader, daemon=True)
+    ops = OpsSettings(audit=AuditSettings(path=log, max_bytes=0))
+    app, rt = make_app(ScriptedEngine(), tmp_path, redis_url=dead_redis_url(), ops=ops,
+                       guard=ScriptedGuard(trigger="world"), guard_policy=GuardPolicy())
+    loop = asyncio.get_running_loop()
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        last = loop.time()
+        while not done.is_set():
+            await asyncio.sleep(0.01)
+            now = loop.time()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.create_task(ticker())
+    reader.start()
+    try:
+        async with client(app) as c:
+            r = await c.post("/v1/chat/completions", json=chat())
+    finally:
+        done.set()
+        await tick
+    reader.join(5)
+    await rt.aclose()
+    assert r.status_code == 200
+    assert json.loads(got[0])["decision"] == "intervened"    # the line did arrive, once the reader came
+    assert max(gaps) < 0.75, f"event loop stalled {max(gaps):.2f} s on the audit write"
+
+
+def test_audit_log_rotates_by_size(tmp_path: Path) -> None:
+    log = tmp_path / "audit.jsonl"
+    audit = AuditLog(AuditSettings(path=log, max_bytes=2000, backups=2), tmp_path)
+    for i in range(200):
+        audit.write([{"n": i, "decision": "pass", "pad": "x" * 40}])
+    audit.close()
+    kept = [log, log.with_name("audit.jsonl.1"), log.with_name("audit.jsonl.2")]
+    assert all(p.exists() for p in kept) and not log.with_name("audit.jsonl.3").exists()
+    assert all(p.stat().st_size <= 2000 for p in kept)
+    numbers = [json.loads(x)["n"] for p in reversed(kept) for x in p.read_text().splitlines()]
+    # whole lines only, oldest backup first, and nothing missing between the kept files
+    assert numbers == list(range(numbers[0], 200))
+
+
+async def test_audit_lines_handed_over_are_written_on_shutdown(tmp_path: Path) -> None:
+    log = tmp_path / "audit.jsonl"
+    app, rt = make_app(ScriptedEngine(), tmp_path, redis_url=dead_redis_url(),
+                       ops=OpsSettings(audit=AuditSettings(path=log)))
+    assert rt.audit is not None
+    for i in range(500):
+        rt.audit.write([{"n": i}])      # not awaited: the app shuts down with the lines still queued
+    await rt.aclose()
+    assert [json.loads(x)["n"] for x in log.read_text().splitlines()] == list(range(500))
