@@ -6,6 +6,9 @@
 * The tenant of a request comes from its key and nothing else (never a header or the body).
 * Lookups are cached for ``auth.cache_ttl_s`` (the revocation lag) and, while Redis is down, a key that
   was valid within ``auth.stale_if_error_s`` keeps working so streaming survives a Redis outage.
+  Keys Redis knows and keys it does not are cached apart: anyone can send any number of made-up keys, and
+  they must neither push a real key out (an extra Redis round trip per request, and no stale-if-error
+  during an outage) nor grow memory.
 * Resources created on behalf of a tenant (suite runs, batches, files) are claimed in an owner set;
   :meth:`OwnerStore.check` refuses every other tenant with the same 404 an unknown id gets, so ids of
   other tenants cannot be probed.
@@ -23,6 +26,7 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -38,6 +42,11 @@ KEY_PREFIX = "ngk_"
 # Errors that mean "Redis cannot serve us right now": unreachable, slow, or refusing commands (e.g. OOM,
 # read-only replica). Every one of them degrades to the local fallback instead of failing the request.
 REDIS_DOWN: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+
+# Only keys found in Redis enter the known-key cache, so the operator's own key count bounds it; the bound is
+# a backstop. Unknown keys get a small LRU of their own: enough to spare Redis a client retrying a bad key.
+KNOWN_KEYS_CACHED = 100_000
+UNKNOWN_KEYS_CACHED = 4096
 
 
 def hash_key(key: str) -> str:
@@ -169,14 +178,17 @@ class Authenticator:
         self.settings = settings
         self.store = store
         self.clock = clock
-        # sha256 -> (record or None, monotonic time of the Redis answer)
-        self._cache: dict[str, tuple[KeyRecord | None, float]] = {}
+        # sha256 -> (record, monotonic time of the Redis answer); least recently used first
+        self._known: OrderedDict[str, tuple[KeyRecord, float]] = OrderedDict()
+        # sha256 -> monotonic time Redis said it has no such key
+        self._unknown: OrderedDict[str, float] = OrderedDict()
         self._admin_digest = (
             hash_key(settings.admin_key.get_secret_value()) if settings.admin_key is not None else None
         )
 
     def invalidate(self) -> None:
-        self._cache.clear()
+        self._known.clear()
+        self._unknown.clear()
 
     @staticmethod
     def bearer(header: str | None) -> str | None:
@@ -207,25 +219,42 @@ class Authenticator:
 
     async def _lookup(self, key: str, digest: str) -> KeyRecord | None:
         now = self.clock()
-        hit = self._cache.get(digest)
-        if hit is not None and now - hit[1] <= self.settings.cache_ttl_s:
-            return hit[0]
+        ttl = self.settings.cache_ttl_s
+        hit = self._known.get(digest)
+        if hit is not None:
+            self._known.move_to_end(digest)
+            if now - hit[1] <= ttl:
+                return hit[0]
+        else:
+            missed_at = self._unknown.get(digest)
+            if missed_at is not None and now - missed_at <= ttl:
+                return None
         if self.store is None:
             raise OpenAIError(503, "API keys are stored in Redis, which is not configured.", code="auth_unavailable")
         try:
             rec = await self.store.lookup(key)
         except REDIS_DOWN as e:
             # Stale-if-error: a key we saw valid recently keeps working through a Redis outage.
-            if hit is not None and hit[0] is not None and now - hit[1] <= self.settings.stale_if_error_s:
+            if hit is not None and now - hit[1] <= self.settings.stale_if_error_s:
                 return hit[0]
             raise OpenAIError(
                 503, "The API key store (Redis) is unreachable; retry shortly.", code="auth_unavailable",
                 headers={"Retry-After": "2"},
             ) from e
-        if len(self._cache) > 10_000:
-            self._cache.clear()     # bounded: a flood of random keys must not grow memory
-        self._cache[digest] = (rec, now)
+        if rec is None:
+            self._known.pop(digest, None)       # deleted from Redis since we saw it
+            self._remember(self._unknown, digest, now, UNKNOWN_KEYS_CACHED)
+        else:
+            self._unknown.pop(digest, None)
+            self._remember(self._known, digest, (rec, now), KNOWN_KEYS_CACHED)
         return rec
+
+    @staticmethod
+    def _remember(cache: OrderedDict[str, Any], digest: str, value: Any, bound: int) -> None:
+        cache[digest] = value
+        cache.move_to_end(digest)
+        while len(cache) > bound:
+            cache.popitem(last=False)
 
 
 class OwnerStore:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.auth import Authenticator, KeyStore, OwnerStore, Principal, hash_key
+from gateway.auth import UNKNOWN_KEYS_CACHED, Authenticator, KeyStore, OwnerStore, Principal, hash_key
 from gateway.errors import OpenAIError
 from gateway.ops_config import AuthSettings, OpsSettings
 from offline_suites import batch as B
@@ -100,6 +100,53 @@ async def test_revocation_takes_effect_after_cache_ttl(tmp_path: Path, redis_url
         await auth.authenticate(f"Bearer {plain}")
     assert e.value.status == 401 and e.value.code == "revoked_api_key"
     await r.aclose()
+
+
+class _CountingStore(KeyStore):
+    def __init__(self, redis: Any, prefix: str) -> None:
+        super().__init__(redis, prefix)
+        self.asked: list[str] = []
+
+    async def lookup(self, plain: str) -> Any:
+        self.asked.append(plain)
+        return await super().lookup(plain)
+
+
+async def test_random_keys_cannot_flush_a_known_key_from_the_cache(redis_url: str, prefix: str) -> None:
+    """A flood of made-up keys used to fill the one lookup cache until it was cleared, so every real key
+    went back to Redis (and lost its stale-if-error cover). Unknown keys now have a bounded cache of their own."""
+    r = aioredis.Redis.from_url(redis_url)
+    store = _CountingStore(r, prefix)
+    plain, _ = await store.create("acme")
+    now = [0.0]
+    auth = Authenticator(AuthSettings(enabled=True, cache_ttl_s=5.0, stale_if_error_s=60.0), store,
+                         clock=lambda: now[0])
+    assert (await auth.authenticate(f"Bearer {plain}")).tenant == "acme"
+    assert store.asked == [plain]
+
+    async def refused(key: str) -> None:
+        with pytest.raises(OpenAIError) as e:
+            await auth.authenticate(f"Bearer {key}")
+        assert e.value.status == 401
+
+    flood = [f"ngk_random-{i}" for i in range(UNKNOWN_KEYS_CACHED + 10_050)]
+    for i in range(0, len(flood), 500):
+        await asyncio.gather(*(refused(k) for k in flood[i:i + 500]))
+    store.asked.clear()
+    assert (await auth.authenticate(f"Bearer {plain}")).tenant == "acme"
+    assert store.asked == []                                    # still served from the cache
+    await refused(flood[-1])
+    assert store.asked == []                                    # a recent bad key is not asked again either...
+    await refused(flood[0])
+    assert store.asked == [flood[0]]                            # ...but the unknown-key cache stays bounded
+
+    # and the known key keeps its stale-if-error cover through an outage after the flood
+    dead = aioredis.Redis.from_url(dead_redis_url(), socket_connect_timeout=0.2, socket_timeout=0.2)
+    store.redis = dead
+    now[0] = 30.0
+    assert (await auth.authenticate(f"Bearer {plain}")).tenant == "acme"
+    await r.aclose()
+    await dead.aclose()
 
 
 async def test_redis_down_keeps_known_keys(redis_url: str, prefix: str) -> None:
