@@ -21,13 +21,7 @@ from typing import Any
 
 import httpx
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from gateway.bench import _free_port, _stop  # the same server lifecycle as `nextguard bench serve`
 
 
 async def _stream(client: httpx.AsyncClient, base: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -119,15 +113,6 @@ def everyday_section(artifacts: str, prompts: list[str], *, max_tokens: int = 51
                 raise TimeoutError(f"the gateway was not ready in 900 s; see {log_path}")
             time.sleep(1)
         return asyncio.run(_run(base, prompts, max_tokens, concurrency))
-
-
-def _stop(p: subprocess.Popen[bytes]) -> None:
-    if p.poll() is None:
-        p.terminate()
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 def eval_extension(args: Any, report: dict[str, Any]) -> dict[str, Any]:

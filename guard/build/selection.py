@@ -241,20 +241,3 @@ def head_sample_scores(td: TokenData, head: Head, pooling: Pooling) -> np.ndarra
     np.maximum.at(out, np.repeat(np.arange(td.n_samples), lens), c)
     out[lens == 0] = 0.0
     return out
-
-
-def head_token_scores(td: TokenData, i: int, head: Head, pooling: Pooling) -> np.ndarray:
-    """c_t over the scored tokens of sample i."""
-    sub = td.subset([i])
-    w = np.zeros(td.width)
-    w[head.ids] = head.weights
-    inv = np.ones(td.width)
-    if head.scales is not None:
-        inv[head.ids] = 1.0 / np.array(head.scales)
-    clip = np.inf if head.clip is None else head.clip
-    row_of_nz = np.repeat(np.arange(sub.n_tokens), np.diff(sub.indptr))
-    u = np.bincount(row_of_nz, weights=np.minimum(sub.values * inv[sub.indices], clip) * w[sub.indices],
-                    minlength=sub.n_tokens)
-    from guard.monitor import pool
-
-    return pool(u, pooling, head.bias)
