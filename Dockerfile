@@ -21,7 +21,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY scripts/install.sh scripts/install.sh
 RUN mkdir -p gateway guard inference offline_suites && touch gateway/__init__.py guard/__init__.py \
-    inference/__init__.py offline_suites/__init__.py && scripts/install.sh guard
+    inference/__init__.py offline_suites/__init__.py && scripts/install.sh guard suites
 COPY . .
 RUN .venv/bin/pip install --no-deps -e . \
     && .venv/bin/python -c "from inference.embedded import ensure_embedded_model; ensure_embedded_model()" \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up of .venv/ in the repo root. Usage: scripts/install.sh [extra ...]
-#   extras: cpu (default without a GPU) | gpu (default with nvidia-smi) | dev | guard
+#   extras: cpu (default without a GPU) | gpu (default with nvidia-smi) | dev | guard | suites
 # Works on a machine that carries the CPU torch wheel locally and on a fresh one (PyTorch's CPU index).
 set -euo pipefail
 cd "$(dirname "$0")/.."

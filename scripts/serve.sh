@@ -3,5 +3,5 @@
 # Extra arguments go to `nextguard serve` (e.g. --port 8000 --model <hf id or folder>).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install.sh guard
+scripts/install.sh guard suites
 exec .venv/bin/nextguard serve "$@"

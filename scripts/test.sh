@@ -3,7 +3,7 @@
 # and run the whole test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install.sh dev guard
+scripts/install.sh dev guard suites
 export PYTHONUNBUFFERED=1
 # The playground test drives a real headless Chromium; Debian's package is the one browser that installs
 # here (Playwright's own download does not). Where it cannot be installed the test skips and says why.
