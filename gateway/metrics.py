@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -23,7 +24,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from gateway.serving.common import StreamStats
+if TYPE_CHECKING:     # the serving code imports this module to count what it refuses
+    from gateway.serving.common import StreamStats
 
 # Ladders follow vLLM's TTFT / TPOT buckets so gateway and engine panels line up.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
@@ -63,6 +65,12 @@ HELD_BACK = Histogram(
     buckets=(0, *TOKEN_BUCKETS),
 )
 GUARD_FAILURES = Counter("gateway_guard_failures_total", "Guard errors, by the failure policy applied", ["policy"])
+GUARD_BUSY = Counter(
+    "gateway_guard_busy_total",
+    "No guard slot in time: prompts answered 503 guard_busy (gate=prompt), choices ended with content_filter "
+    "before any text (gate=response)",
+    ["gate"],
+)
 QUEUE_DEPTH = Gauge("gateway_queue_depth", "Requests waiting for a global admission slot", multiprocess_mode="livesum")
 IN_FLIGHT = Gauge("gateway_in_flight_requests", "Admitted requests not yet finished", multiprocess_mode="livesum")
 SHED = Counter("gateway_shed_total", "Requests refused by admission control", ["code", "reason"])
@@ -103,6 +111,8 @@ def record(stats: StreamStats) -> None:
         UPSTREAM_ABORTS.labels("guard_cut").inc()
         if cut.decision == "guard_error":
             GUARD_FAILURES.labels("fail_closed").inc()
+        elif cut.decision == "guard_busy":
+            GUARD_BUSY.labels(cut.gate).inc()
     for _ in stats.guard_fail_open:     # the guard failed, the policy let the text through unscored
         GUARD_FAILURES.labels("fail_open").inc()
     for n in stats.held_back:

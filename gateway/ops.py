@@ -8,7 +8,8 @@ It adds one pure-ASGI middleware (outermost, so it sees every request, streamed 
    (the tenant's resolved ``guard.api.GuardPolicy``) / ``.allow_guard_disable``;
 4. takes an admission slot for generation routes (429 quota vs 503 overload, ``Retry-After``), and lets
    the route take one more per further choice (:func:`admit_choices`);
-5. sets the request's stream timeouts (``gateway.serving.common.STREAM_TIMEOUTS``) and a stats sink;
+5. sets the request's stream timeouts (``gateway.serving.common.STREAM_TIMEOUTS``), its tenant as the guard's
+   client (``guard.api.GUARD_CLIENT``: guard slots are shared fairly between tenants) and a stats sink;
 6. after the response is done: releases the slots and writes the audit lines of the guard decisions.
 
 It also wraps the app's lifespan (lease renewal, SIGTERM drain hook, clean close). Without a running
@@ -45,6 +46,7 @@ from gateway.errors import OpenAIError
 from gateway.ops_config import OpsSettings
 from gateway.serving.common import GUARD_OVERRIDE_REFUSED, STREAM_TIMEOUTS, StreamStats, StreamTimeouts
 from gateway.tenants import GUARD_DISABLE, TenantGrants, Tenants
+from guard.api import GUARD_CLIENT
 from offline_suites.config import TENANT_HEADER
 
 log = logging.getLogger(__name__)
@@ -374,6 +376,8 @@ class OpsMiddleware:
             StreamTimeouts(first_token_s=srv.first_token_timeout_s, idle_s=srv.idle_token_timeout_s,
                            total_s=srv.request_timeout_s, started=arrived)
         )
+        # guard slots are shared round-robin between tenants: a flooding tenant waits behind its own requests
+        g_tok = GUARD_CLIENT.set(principal.tenant)
         sink: list[StreamStats] = []
         s_tok = metrics.STATS_SINK.set(sink)
         audit = rt.audit if path in rt.ops.admission.paths else None
@@ -410,6 +414,7 @@ class OpsMiddleware:
             await self.app(scope, receive, send_wrapper)
         finally:
             STREAM_TIMEOUTS.reset(t_tok)
+            GUARD_CLIENT.reset(g_tok)
             metrics.STATS_SINK.reset(s_tok)
             if slots and rt.admission is not None:
                 # Shielded: a client disconnect cancels this task, and the slots must still come back.

@@ -34,12 +34,23 @@ class SafetyCut:
     features: tuple[FeatureActivation, ...] = ()
     gate: str = "response"               # "prompt" | "response"
     char_offset: int | None = None
-    decision: str = "intervened"         # "intervened" | "guard_error" (fail-closed)
+    decision: str = "intervened"         # "intervened" | "guard_error" (fail-closed) | "guard_busy" (no slot in time)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["features"] = [asdict(f) for f in self.features]
         return d
+
+
+class GuardBusy(Exception):
+    """No guard slot came free in time. The prompt gate raises it (the caller answers 503 with
+    ``Retry-After``); the response gate ends the stream with a ``guard_busy`` :class:`SafetyCut` instead."""
+
+
+# Who waits for a guard slot. Slots are shared between clients round-robin (first come first served within
+# one client), so a client flooding requests cannot starve another. The gateway puts the request's tenant
+# here; unset, every request is the one client "" and the slots are plain first come first served.
+GUARD_CLIENT: ContextVar[str] = ContextVar("nextguard_guard_client", default="")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,14 +99,16 @@ class StreamGuard(Protocol):
     def name(self) -> str: ...
 
     async def check_prompt(self, conversation: Conversation, policy: GuardPolicy) -> SafetyCut | None:
-        """Prompt gate over every turn of the conversation: a cut means HTTP 400 ``content_filter``."""
+        """Prompt gate over every turn of the conversation: a cut means HTTP 400 ``content_filter``.
+        Raises :class:`GuardBusy` when it could not get to score in time."""
         ...
 
     def watch(
         self, conversation: Conversation, deltas: AsyncIterator[TokenDelta], policy: GuardPolicy
     ) -> AsyncIterator[TokenDelta | SafetyCut]:
         """Response gate for one choice: yield scored deltas, then at most one cut (last item).
-        Released deltas carry their tokens' scores in ``TokenDelta.scores``."""
+        Released deltas carry their tokens' scores in ``TokenDelta.scores``. A guard that cannot watch the
+        stream in time yields a ``guard_busy`` cut first, so no unscored delta leaves."""
         ...
 
     def threshold(self, gate: str, policy: GuardPolicy) -> float:

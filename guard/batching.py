@@ -4,11 +4,14 @@ run in a single worker thread so the event loop (and the generator) keep going w
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+from guard.api import GUARD_CLIENT, GuardBusy
 
 
 class GuardError(RuntimeError):
@@ -33,8 +36,9 @@ class GuardEngine:
         self._task: asyncio.Task[None] | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nextguard-guard",
                                         initializer=self._init_thread)
-        self._slot_lock: asyncio.Lock | None = None
-        self._slot_free: asyncio.Condition | None = None
+        # clients waiting for a slot, each a FIFO of waiters; dict order is the round-robin order
+        self._waiting: dict[str, collections.deque[asyncio.Future[None]]] = {}
+        self._granted = 0          # slots promised to woken waiters that have not allocated yet
         self.steps = 0
         self.batched_rows = 0
 
@@ -46,17 +50,72 @@ class GuardEngine:
     def _ensure(self) -> None:
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            if self._task is not None and self._task.get_loop() is not loop:
+                # waiters and grants of another (finished) loop can never be served: start afresh
+                self._waiting = {}
+                self._granted = 0
             self._queue = asyncio.Queue()
-            self._slot_free = asyncio.Condition()
             self._task = loop.create_task(self._loop(), name="nextguard-guard-batcher")
 
-    async def acquire(self) -> int:
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot."""
+        return sum(len(q) for q in self._waiting.values())
+
+    async def acquire(self, timeout: float | None = None, client: str | None = None) -> int:
+        """A free slot, or :class:`GuardBusy` after ``timeout`` seconds (None: no bound).
+
+        Waiters queue per client (:data:`guard.api.GUARD_CLIENT` unless ``client`` is given), and a freed
+        slot goes to the clients in turn, first come first served within one client: a client with many
+        waiters gets one slot per round, like any other. Nothing is capped per client: a slot that is free
+        when nobody waits is taken at once."""
         self._ensure()
-        assert self._slot_free is not None
-        async with self._slot_free:
-            while self.runner.n_active >= self.runner.max_slots:
-                await self._slot_free.wait()
+        if not self._waiting and self.runner.n_active + self._granted < self.runner.max_slots:
             return int(self.runner.alloc())
+        who = GUARD_CLIENT.get() if client is None else client
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(who, collections.deque()).append(fut)
+        try:
+            async with asyncio.timeout(timeout):
+                await fut
+        except BaseException as e:
+            granted = fut.done() and not fut.cancelled()
+            if not granted:
+                self._forget(who, fut)
+                if isinstance(e, TimeoutError):
+                    raise GuardBusy(f"no guard slot came free within {timeout:g} s") from None
+                raise
+            if not isinstance(e, TimeoutError):
+                # cancelled right after the grant: hand the slot on, or it is lost to everyone
+                self._granted -= 1
+                self._grant()
+                raise
+            # the grant and the deadline met: the slot is ours, take it
+        self._granted -= 1
+        return int(self.runner.alloc())
+
+    def _forget(self, who: str, fut: asyncio.Future[None]) -> None:
+        q = self._waiting.get(who)
+        if q is None:
+            return
+        with contextlib.suppress(ValueError):
+            q.remove(fut)
+        if not q:
+            del self._waiting[who]
+
+    def _grant(self) -> None:
+        """Hand the free slots to the waiting clients in turn. A grant is a promise of one slot, which the
+        waiter allocates itself when it wakes (``_granted`` counts promised slots as taken meanwhile)."""
+        while self._waiting and self.runner.n_active + self._granted < self.runner.max_slots:
+            who = next(iter(self._waiting))
+            q = self._waiting.pop(who)
+            fut = q.popleft()
+            if q:
+                self._waiting[who] = q          # back of the round
+            if fut.done():                      # given up between its cancellation and our turn
+                continue
+            fut.set_result(None)
+            self._granted += 1
 
     async def release(self, slot: int) -> None:
         """Free a slot *through the queue*: a stream cancelled while its forward is queued must not hand
@@ -125,9 +184,7 @@ class GuardEngine:
                     self.runner.free(j.slot)
                     if not j.fut.done():
                         j.fut.set_result(None)
-                assert self._slot_free is not None
-                async with self._slot_free:
-                    self._slot_free.notify(len(frees))
+                self._grant()
 
     async def close(self) -> None:
         if self._task is not None:

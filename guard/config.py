@@ -36,6 +36,10 @@ class GuardSettings(BaseModel):
         "response gate may cut. None = the build's default (2%).")
     fail_closed: bool = Field(default=True, description="Cut the stream when the guard itself fails.")
     max_batch: int = Field(default=16, ge=1, le=256, description="Streams stepped together per forward.")
+    slot_wait_s: float = Field(
+        default=30.0, gt=0, description="Longest a prompt or a stream waits for one of the max_batch guard slots "
+        "(shared round-robin between tenants). Past it the prompt gate answers 503 guard_busy and a stream ends "
+        "with finish_reason content_filter (decision guard_busy): never unscored, whatever fail_closed says.")
     max_len: int = Field(default=8192, ge=64, description="Guard context limit per stream (tokens).")
     norm_ratio: float = Field(default=10.0, gt=1.0, description="Causal norm filter: drop tokens above ratio x median.")
     threads: int = Field(default=1, ge=1, description="torch threads of the guard's executor.")

@@ -15,6 +15,9 @@ Shape::
   :class:`SafetyCut` is yielded last, so the offending token never leaves.
 * Tokenising whole conversations runs in a worker thread, not on the event loop.
 * Errors inside the guard: fail closed (a ``guard_error`` cut) unless the policy says fail open.
+* Guard slots (``max_batch``, one per prompt being scored or stream being watched) are shared round-robin
+  between tenants (:data:`guard.api.GUARD_CLIENT`) and waited for at most ``slot_wait_s``: then the prompt
+  gate raises :class:`~guard.api.GuardBusy` and a stream ends with a ``guard_busy`` cut, whatever the policy.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from guard.api import FeatureActivation, GuardPolicy, SafetyCut, report_fail_open
+from guard.api import FeatureActivation, GuardBusy, GuardPolicy, SafetyCut, report_fail_open
 from guard.batching import GuardEngine, GuardError
 from guard.bundle import MonitorSpec, load_model_for
 from guard.config import GuardSettings
@@ -189,7 +192,7 @@ class NextGuard:
         ids, offs, span = await asyncio.to_thread(self._encode, gt)
         if len(ids) > self.settings.max_len:
             raise GuardError(f"text of {len(ids)} tokens exceeds the guard's max_len {self.settings.max_len}")
-        slot = await self.engine.acquire()
+        slot = await self.engine.acquire(self.settings.slot_wait_s)    # GuardBusy past the wait
         try:
             resid = await self.engine.forward(slot, ids)
         finally:
@@ -217,6 +220,8 @@ class NextGuard:
         gate = self._gate("prompt", policy)
         try:
             r = await self._score_text(prompt_text(conversation), gate)
+        except GuardBusy:
+            raise           # not a guard fault: the caller answers 503 and the client retries
         except Exception as e:
             if policy.fail_closed:
                 return self._error_cut("prompt", 0, e)
@@ -271,7 +276,14 @@ class NextGuard:
         hold = max(1, int(policy.hold_back))
         try:
             gate = self._gate("response", policy)
-            slot = await self.engine.acquire()
+            slot = await self.engine.acquire(self.settings.slot_wait_s)
+        except GuardBusy as e:
+            # Always closed, even under a fail-open policy: were an overloaded guard to pass text unscored,
+            # flooding the guard would be a way around it. Nothing has been generated yet.
+            log.warning("guard busy, the stream ends before any text: %s", e)
+            yield SafetyCut(category="guard_busy", score=0.0, threshold=0.0, token_offset=0, gate="response",
+                            decision="guard_busy")
+            return
         except Exception as e:
             if policy.fail_closed:
                 yield self._error_cut("response", 0, e)

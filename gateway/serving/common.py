@@ -12,8 +12,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from gateway import metrics
 from gateway.errors import OpenAIError, bad_request, not_found, not_ready
-from guard.api import FAIL_OPEN_SINK, GuardFailure, GuardPolicy, SafetyCut, StreamGuard
+from guard.api import FAIL_OPEN_SINK, GuardBusy, GuardFailure, GuardPolicy, SafetyCut, StreamGuard
 from guard.text import Conversation
 from inference.engine import EngineClient, EngineError, PromptTooLongError
 from inference.types import SamplingOptions, TokenDelta
@@ -371,13 +372,15 @@ class ServingBase:
         token = FAIL_OPEN_SINK.set(failures)
         try:
             # Guard slots are fewer than admitted requests: a wait without end would hold the request's
-            # admission slot forever. Bounded, and the caller is told when to come back.
+            # admission slot forever. Bounded (here, and by the guard's own slot wait, which shares its slots
+            # fairly between tenants), and the caller is told when to come back.
             async with asyncio.timeout(self.limits.guard_wait_s):
                 cut = await self.guard.check_prompt(conversation, policy)
-        except TimeoutError:
+        except (TimeoutError, GuardBusy):
+            metrics.GUARD_BUSY.labels("prompt").inc()
             raise OpenAIError(
                 503,
-                f"The safety guard could not take this prompt within {self.limits.guard_wait_s:g} s; retry shortly.",
+                "The safety guard is busy and could not take this prompt in time; retry shortly.",
                 code="guard_busy",
                 headers={"Retry-After": str(max(1, round(self.limits.guard_wait_s / 10)))},
             ) from None

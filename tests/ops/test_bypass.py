@@ -749,3 +749,132 @@ def test_compose_worker_reaches_the_gateway_as_the_operator() -> None:
     assert env["NEXTGUARD_SUITES__API_BASE_URL"] == "http://gateway:8000/v1"
     assert env["NEXTGUARD_SUITES__API_KEY"] == c["services"]["gateway"]["environment"]["NEXTGUARD_OPS__AUTH__ADMIN_KEY"]
     assert c["services"]["gateway"]["ports"][0].endswith(":8000")
+
+
+# -- guard slots: bounded waits, shared fairly between tenants ------------------------------------------
+def _slot_guard(tmp_path: Path, **settings: Any) -> Any:
+    """The real NExT-Guard runtime over the guard tests' runner double, with one guard slot."""
+    from tests.guard.conftest import make_guard, tiny_tokenizer
+
+    guard, _, _ = make_guard(tiny_tokenizer(), tmp_path, max_batch=1, **settings)
+    return guard
+
+
+async def _until(cond: Any, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.005)
+
+
+def _guard_busy(gate: str) -> float:
+    from gateway import metrics
+
+    return float(metrics.GUARD_BUSY.labels(gate)._value.get())
+
+
+async def test_a_flooding_tenant_cannot_starve_another(tmp_path: Path) -> None:
+    """Guard slots used to go first come first served: a tenant that queued many requests made every other
+    tenant wait behind all of them (and, with bounded waits, fail)."""
+    from offline_suites.config import TENANT_HEADER
+    from tests.gateway.test_serving import parse_sse
+
+    guard = _slot_guard(tmp_path, prompt_gate=False, slot_wait_s=30)
+    engine = ScriptedEngine()
+    app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url(), ops=OpsSettings(
+        auth=AuthSettings(enabled=True, admin_key="op-secret-123")), guard=guard, guard_policy=GuardPolicy())
+
+    def ask(c: Any, tenant: str) -> Any:
+        body = chat(messages=[{"role": "user", "content": f"from {tenant}"}])
+        return asyncio.create_task(c.post("/v1/chat/completions", json=body, headers={TENANT_HEADER: tenant}))
+
+    try:
+        async with client(app, "op-secret-123") as c:
+            held = await guard.engine.acquire()           # the guard is busy ...
+            flood = [ask(c, "tenant-a") for _ in range(5)]
+            await _until(lambda: guard.engine.waiting == 5)   # ... and tenant-a queued five streams
+            other = ask(c, "tenant-b")
+            await _until(lambda: guard.engine.waiting == 6)
+            await guard.engine.release(held)
+            rs = await asyncio.wait_for(asyncio.gather(*flood, other), 30)
+    finally:
+        await guard.aclose()
+    for r in rs:
+        frames = parse_sse(r.text)
+        assert r.status_code == 200 and frames[-1] == "[DONE]"
+        assert "".join(f["choices"][0]["delta"].get("content") or "" for f in frames[:-1] if f["choices"]) == \
+            "Hello, world!"
+    # a stream reaches the engine once it holds its guard slot: the order the slots were handed out
+    served = ["b" if "from tenant-b" in engine.tokenizer.decode(ids) else "a" for ids, _, _ in engine.requests]
+    assert served == ["a", "b", "a", "a", "a", "a"]    # first come first served: a, a, a, a, a, b
+
+
+async def test_one_tenant_has_no_cap_on_guard_waits(tmp_path: Path) -> None:
+    """With auth off every request is tenant "default": fairness must not cap one tenant's waiting requests
+    (twelve concurrent streams on one guard slot all complete)."""
+    guard = _slot_guard(tmp_path, slot_wait_s=30)
+    app, _ = make_app(ScriptedEngine(), tmp_path, redis_url=dead_redis_url(), guard=guard,
+                      guard_policy=GuardPolicy())
+    try:
+        async with client(app) as c:
+            rs = await asyncio.wait_for(
+                asyncio.gather(*(c.post("/v1/chat/completions", json=chat()) for _ in range(12))), 60)
+    finally:
+        await guard.aclose()
+    assert [r.status_code for r in rs] == [200] * 12
+    assert all(r.text.endswith("data: [DONE]\n\n") and "guard_busy" not in r.text for r in rs)
+
+
+@pytest.mark.parametrize("fail_closed", [True, False], ids=["fail_closed", "fail_open"])
+async def test_response_gate_without_a_slot_in_time_fails_closed(tmp_path: Path, fail_closed: bool) -> None:
+    """The response gate used to wait for a guard slot without bound. Now the wait is bounded, and when it
+    runs out the choice ends before any text, under a fail-open policy too (else flooding the guard would be
+    a way around it)."""
+    from tests.gateway.test_serving import parse_sse
+
+    guard = _slot_guard(tmp_path, prompt_gate=False, slot_wait_s=0.2)
+    engine = ScriptedEngine()
+    app, rt = make_app(engine, tmp_path, redis_url=dead_redis_url(), guard=guard,
+                       guard_policy=GuardPolicy(fail_closed=fail_closed))
+    busy0 = _guard_busy("response")
+    try:
+        async with client(app) as c:
+            held = await guard.engine.acquire()
+            r = await asyncio.wait_for(c.post("/v1/chat/completions", json=chat()), 10)
+            r2 = await asyncio.wait_for(c.post("/v1/completions", json={"model": "scripted", "prompt": "hi"}), 10)
+            await guard.engine.release(held)
+    finally:
+        await guard.aclose()
+    assert r.status_code == 200
+    frames = parse_sse(r.text)
+    assert frames[-1] == "[DONE]"
+    assert not any(f["choices"][0]["delta"].get("content") for f in frames[:-1] if f["choices"])
+    ends = [f["choices"][0] for f in frames[:-1] if f["choices"] and f["choices"][0].get("finish_reason")]
+    assert len(ends) == 1 and ends[0]["finish_reason"] == "content_filter"
+    assert ends[0]["safety"]["decision"] == "guard_busy" and ends[0]["safety"]["gate"] == "response"
+    choice = r2.json()["choices"][0]
+    assert r2.status_code == 200 and choice["text"] == "" and choice["finish_reason"] == "content_filter"
+    assert choice["safety"]["decision"] == "guard_busy"
+    assert engine.requests == []                      # nothing was generated, so nothing unscored exists
+    assert _guard_busy("response") == busy0 + 2
+    decisions = [x["decision"] for x in (json.loads(y) for y in rt.audit.path.read_text().splitlines())]
+    assert decisions == ["guard_busy", "guard_busy"]
+
+
+async def test_prompt_gate_wait_for_a_guard_slot_is_bounded(tmp_path: Path) -> None:
+    guard = _slot_guard(tmp_path, slot_wait_s=0.2)
+    engine = ScriptedEngine()
+    app, rt = make_app(engine, tmp_path, redis_url=dead_redis_url(), guard=guard, guard_policy=GuardPolicy())
+    busy0 = _guard_busy("prompt")
+    try:
+        async with client(app) as c:
+            held = await guard.engine.acquire()
+            r = await asyncio.wait_for(c.post("/v1/chat/completions", json=chat()), 10)
+            await guard.engine.release(held)
+            again = await asyncio.wait_for(c.post("/v1/chat/completions", json=chat()), 10)
+    finally:
+        await guard.aclose()
+    err = assert_openai_error(r, 503, "guard_busy")
+    assert "retry" in err["message"] and int(r.headers["retry-after"]) >= 1
+    assert _guard_busy("prompt") == busy0 + 1
+    assert again.status_code == 200 and len(engine.requests) == 1     # only the retry reached the model
+    assert guard.engine.waiting == 0 and rt.in_flight == 0

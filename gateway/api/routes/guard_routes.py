@@ -16,6 +16,7 @@ from gateway.protocol import (
     ModerationResult,
 )
 from gateway.serving.common import new_id
+from guard.api import GuardBusy
 
 router = APIRouter(tags=["guard"])
 
@@ -37,6 +38,9 @@ async def _call(coro: Any) -> Any:
         return await coro
     except ValueError as e:          # e.g. text longer than the guard's context: the caller's to fix
         raise OpenAIError(400, str(e), code="invalid_value") from e
+    except GuardBusy as e:
+        raise OpenAIError(503, "The safety guard is busy; retry shortly.", code="guard_busy",
+                          headers={"Retry-After": "1"}) from e
     except Exception as e:
         raise OpenAIError(500, f"The guard failed to score the input: {type(e).__name__}", code="guard_error") from e
 
