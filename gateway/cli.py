@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 # Layers that contribute subcommands; each module exposes ``add_subcommands(subparsers)``.
 # Listed explicitly so the command set is deterministic; a listed module that is missing is a bug.
-SUBCOMMAND_MODULES = ("gateway.ops_cli", "guard.cli", "offline_suites.cli", "inference.pbs_attn.cli")
+SUBCOMMAND_MODULES = ("gateway.ops.cli", "guard.cli", "offline_suites.cli", "inference.pbs_attn.cli")
 
 
 def is_loopback(host: str) -> bool:

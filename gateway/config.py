@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gateway.ops_config import OpsSettings
+from gateway.ops.config import OpsSettings
 from guard.config import GuardSettings
 from inference.config import InferenceSettings
 from inference.embedded import nextguard_home

@@ -21,7 +21,7 @@ from gateway import metrics
 from gateway.api.routes import batches, chat, completions, guard_routes, health, models, playground, suites
 from gateway.config import Settings, get_settings
 from gateway.errors import install_error_handlers
-from gateway.ops import install_ops
+from gateway.ops.lifecycle import install_ops
 from gateway.serving.chat import ServingChat
 from gateway.serving.common import ServingLimits
 from gateway.serving.completions import ServingCompletion
@@ -154,7 +154,7 @@ def create_app(
     _set_engine(app, engine)
 
     install_error_handlers(app)
-    # One pure-ASGI middleware (gateway/ops.py): body cap, auth and tenant, admission, stream timeouts,
+    # One pure-ASGI middleware (gateway/ops/middleware.py): body cap, auth and tenant, admission, stream timeouts,
     # audit and drain. Pure ASGI rather than BaseHTTPMiddleware so streamed bodies and client
     # disconnects pass through untouched.
     install_ops(app, settings)

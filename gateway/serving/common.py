@@ -143,7 +143,7 @@ class StreamTimeouts:
     started: float | None = None     # loop.time() when the request arrived; None = when the choice starts
 
 
-# Set per request at the edge (``gateway.ops``) from the server settings. A context variable because the
+# Set per request at the edge (``gateway.ops.middleware``) from the server settings. A context variable because the
 # serving classes are settings-free and the deadline belongs to the request, not to the engine call.
 _DEFAULT_TIMEOUTS = StreamTimeouts()   # frozen, so sharing it as the default is safe
 STREAM_TIMEOUTS: ContextVar[StreamTimeouts] = ContextVar("nextguard_stream_timeouts", default=_DEFAULT_TIMEOUTS)

@@ -13,8 +13,8 @@ import pytest
 
 from gateway.config import Settings
 from gateway.main import create_app
-from gateway.ops import OpsRuntime, install_ops
-from gateway.ops_config import OpsSettings
+from gateway.ops.config import OpsSettings
+from gateway.ops.lifecycle import OpsRuntime, install_ops
 from gateway.redis_local import reachable
 from guard.api import GuardPolicy
 

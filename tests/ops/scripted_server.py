@@ -31,8 +31,8 @@ def main() -> None:
 
     from gateway.config import Settings
     from gateway.main import create_app
-    from gateway.ops import install_ops
-    from gateway.ops_config import OpsSettings
+    from gateway.ops.config import OpsSettings
+    from gateway.ops.lifecycle import install_ops
 
     port, home, redis_url = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     doubles = _doubles()

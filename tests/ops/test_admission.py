@@ -12,9 +12,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway import metrics
-from gateway.admission import AdmissionController, Rejected
-from gateway.ops_config import AdmissionSettings, AuthSettings, OpsSettings, TenantSettings
-from gateway.tenants import Quota
+from gateway.ops.admission import AdmissionController, Rejected
+from gateway.ops.config import AdmissionSettings, AuthSettings, OpsSettings, TenantSettings
+from gateway.ops.tenants import Quota
 from tests.doubles import ScriptedEngine
 from tests.ops.conftest import assert_openai_error, chat, client, dead_redis_url, make_app
 

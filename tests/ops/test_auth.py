@@ -12,9 +12,9 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.auth import UNKNOWN_KEYS_CACHED, Authenticator, KeyStore, OwnerStore, Principal, hash_key
 from gateway.errors import OpenAIError
-from gateway.ops_config import AuthSettings, OpsSettings
+from gateway.ops.auth import UNKNOWN_KEYS_CACHED, Authenticator, KeyStore, OwnerStore, Principal, hash_key
+from gateway.ops.config import AuthSettings, OpsSettings
 from offline_suites import batch as B
 from offline_suites.config import SuiteSettings
 from offline_suites.keys import Keys
@@ -324,7 +324,7 @@ async def test_runs_listing_pages_over_visible_runs_only(jobs_app: tuple[Any, An
 def test_keys_cli(redis_url: str, prefix: str, capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from gateway.ops_cli import add_subcommands
+    from gateway.ops.cli import add_subcommands
 
     parser = argparse.ArgumentParser()
     add_subcommands(parser.add_subparsers(dest="command", required=True))

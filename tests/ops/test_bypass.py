@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gateway.config import Settings
-from gateway.ops_config import AuditSettings, AuthSettings, GuardPolicyOverrides, OpsSettings, TenantSettings
+from gateway.ops.config import AuditSettings, AuthSettings, GuardPolicyOverrides, OpsSettings, TenantSettings
 from guard.api import GuardPolicy
 from tests.doubles import ScriptedEngine, ScriptedGuard
 from tests.ops.conftest import assert_openai_error, chat, client, dead_redis_url, make_app
@@ -92,7 +92,7 @@ def _audit_lines(rt: Any) -> list[dict[str, Any]]:
 
 async def _keys_cli(redis_url: str, prefix: str, *argv: str) -> int:
     """``nextguard keys ...`` as the operator runs it (its own event loop, hence a thread here)."""
-    from gateway.ops_cli import add_subcommands
+    from gateway.ops.cli import add_subcommands
 
     parser = argparse.ArgumentParser()
     add_subcommands(parser.add_subparsers(dest="command", required=True))

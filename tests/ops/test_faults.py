@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.ops_config import OpsSettings
+from gateway.ops.config import OpsSettings
 from inference.types import SamplingOptions, TokenDelta
 from tests.conftest import free_port
 from tests.doubles import ScriptedEngine

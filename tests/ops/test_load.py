@@ -13,7 +13,7 @@ import pytest
 import uvicorn
 
 from gateway.loadbench import bench, pct
-from gateway.ops_config import AdmissionSettings, OpsSettings
+from gateway.ops.config import AdmissionSettings, OpsSettings
 from tests.conftest import free_port
 from tests.doubles import ScriptedEngine
 from tests.ops.conftest import make_app

@@ -17,8 +17,8 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 
 from gateway import metrics
-from gateway.audit import AuditLog
-from gateway.ops_config import AuditSettings, GuardPolicyOverrides, OpsSettings, TenantSettings
+from gateway.ops.audit import AuditLog
+from gateway.ops.config import AuditSettings, GuardPolicyOverrides, OpsSettings, TenantSettings
 from gateway.serving.common import StreamStats, choice_stream
 from guard.api import GuardPolicy, SafetyCut
 from inference.types import SamplingOptions
@@ -176,7 +176,7 @@ async def test_timeout_is_counted_when_stats_are_passed() -> None:
 def test_bench_load_cli_arguments() -> None:
     import argparse
 
-    from gateway.ops_cli import add_bench_subcommands
+    from gateway.ops.cli import add_bench_subcommands
 
     p = argparse.ArgumentParser()
     add_bench_subcommands(p.add_subparsers(dest="bench", required=True))

@@ -13,7 +13,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from gateway.ops_config import OpsSettings
+from gateway.ops.config import OpsSettings
 from gateway.redis_local import reachable
 from tests.doubles import ScriptedEngine
 from tests.ops.conftest import REDIS_URL, dead_redis_url, make_app

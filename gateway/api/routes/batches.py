@@ -2,7 +2,7 @@
 suite workers, which POST each one to this gateway's public API so it takes the guarded path
 (see ``offline_suites.batch``).
 
-Files and batches belong to the tenant that created them (``gateway.auth.OwnerStore``, kinds ``file`` and
+Files and batches belong to the tenant that created them (``gateway.ops.auth.OwnerStore``, kinds ``file`` and
 ``batch``): any other tenant gets the same 404 an unknown id gets, and listings show only the caller's
 batches. A batch's output and error files are written by a worker, so they are claimed for the batch's
 owners when the batch object that names them is read."""
@@ -16,8 +16,8 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
 from gateway.api.routes.suites import quota_error, quotas, redis_client, suite_settings
-from gateway.auth import OwnersDep, OwnerStore, Principal, PrincipalDep
 from gateway.errors import OpenAIError
+from gateway.ops.auth import OwnersDep, OwnerStore, Principal, PrincipalDep
 from offline_suites import batch as B
 from offline_suites.quotas import QuotaExceeded
 

@@ -5,7 +5,7 @@ from fastapi.responses import Response
 
 from gateway.api.streaming import json_response, sse_response
 from gateway.deps import ChatDep
-from gateway.ops import admit_choices, may_disable_guard
+from gateway.ops.middleware import admit_choices, may_disable_guard
 from gateway.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse
 from gateway.serving.common import StreamStats
 

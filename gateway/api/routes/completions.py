@@ -5,7 +5,7 @@ from fastapi.responses import Response
 
 from gateway.api.streaming import json_response, sse_response
 from gateway.deps import CompletionDep
-from gateway.ops import admit_choices, may_disable_guard
+from gateway.ops.middleware import admit_choices, may_disable_guard
 from gateway.protocol import Completion, CompletionRequest, ErrorResponse
 from gateway.serving.common import StreamStats
 

@@ -1,7 +1,7 @@
 """Offline evaluation suites and their runs (``/v1/suites``, ``/v1/runs``). Thin: logic lives in
 ``offline_suites.jobs``; runs execute on ``nextguard worker`` processes through Redis.
 
-A run belongs to the tenant that submitted it (its id is scoped to the submitter; ``gateway.auth.OwnerStore``,
+A run belongs to the tenant that submitted it (its id is scoped to the submitter; ``gateway.ops.auth.OwnerStore``,
 kind ``run``); to every other tenant it answers exactly like an unknown id, and listings show only the
 caller's runs."""
 
@@ -13,8 +13,8 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
-from gateway.auth import OwnersDep, PrincipalDep
 from gateway.errors import OpenAIError
+from gateway.ops.auth import OwnersDep, PrincipalDep
 from offline_suites.base import ConfigError
 from offline_suites.config import SuiteSettings
 from offline_suites.jobs import (

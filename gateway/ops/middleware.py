@@ -1,6 +1,5 @@
-"""The operations layer, installed with one call: ``install_ops(app, settings)`` (from ``create_app``).
-
-It adds one pure-ASGI middleware (outermost, so it sees every request, streamed or not) that, in order:
+"""The ops layer's one pure-ASGI middleware (outermost, so it sees every request, streamed or not), added
+by :func:`gateway.ops.lifecycle.install_ops`. In order, it:
 
 1. refuses new work with 503 once a drain started (SIGTERM), while open streams finish;
 2. reads the body with a hard size cap (also for chunked uploads, which carry no Content-Length) -> 413;
@@ -10,44 +9,33 @@ It adds one pure-ASGI middleware (outermost, so it sees every request, streamed 
    the route take one more per further choice (:func:`admit_choices`);
 5. sets the request's stream timeouts (``gateway.serving.common.STREAM_TIMEOUTS``), its tenant as the guard's
    client (``guard.api.GUARD_CLIENT``: guard slots are shared fairly between tenants) and a stats sink;
-6. after the response is done: releases the slots and writes the audit lines of the guard decisions.
-
-It also wraps the app's lifespan (lease renewal, SIGTERM drain hook, clean close). Without a running
-lifespan (in-process test clients) everything still works: Redis connects lazily.
+6. after the response is done: releases the slots and writes the audit lines of the guard decisions
+   (:mod:`gateway.ops.request_audit`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
-import functools
 import ipaddress
-import json
 import logging
-import os
 import secrets
-import signal
-import threading
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from gateway import metrics, sse
-from gateway.admission import AdmissionController, Rejected, Slot
-from gateway.audit import AuditLog, prompt_cut_from_error, released_text
-from gateway.auth import Authenticator, KeyStore, OwnerStore, Principal
 from gateway.errors import OpenAIError
-from gateway.ops_config import OpsSettings
-from gateway.serving.common import GUARD_OVERRIDE_REFUSED, STREAM_TIMEOUTS, StreamStats, StreamTimeouts
-from gateway.tenants import GUARD_DISABLE, TenantGrants, Tenants
+from gateway.ops.admission import AdmissionController, Rejected, Slot
+from gateway.ops.auth import Principal
+from gateway.ops.request_audit import audit_request
+from gateway.ops.tenants import GUARD_DISABLE
+from gateway.serving.common import STREAM_TIMEOUTS, StreamStats, StreamTimeouts
 from guard.api import GUARD_CLIENT
 from offline_suites.config import TENANT_HEADER
+
+if TYPE_CHECKING:
+    from gateway.ops.lifecycle import IPNetwork, OpsRuntime
 
 log = logging.getLogger(__name__)
 
@@ -59,136 +47,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _CAPTURE_CAP = 1 << 20          # response bytes kept for the audit log (content mode / prompt refusals)
-
-
-def ops_settings_of(settings: Any) -> OpsSettings:
-    """``settings.ops`` once the lead nests it; the defaults until then (auth off, default limits)."""
-    ops = getattr(settings, "ops", None)
-    return ops if isinstance(ops, OpsSettings) else OpsSettings()
-
-
-class LoopBoundRedis:
-    """A ``redis.asyncio`` client per event loop, behind one object.
-
-    Async Redis connections belong to the loop that opened them. uvicorn runs one loop, but an app may
-    also be driven from several (test clients start a loop per request), and a client reused across
-    loops fails with an error that is not "Redis is down". Attribute access goes to the current loop's
-    client, created on first use; clients of closed loops are dropped.
-    """
-
-    def __init__(self, url: str, timeout_s: float) -> None:
-        self.url = url
-        self.timeout_s = max(timeout_s, 0.05)
-        self._clients: dict[asyncio.AbstractEventLoop, Any] = {}
-
-    def client(self) -> Any:
-        import redis.asyncio as aioredis
-
-        loop = asyncio.get_running_loop()
-        c = self._clients.get(loop)
-        if c is None:
-            for old in [lp for lp in self._clients if lp.is_closed()]:
-                del self._clients[old]
-            # Fail fast: a slow Redis must read as a down Redis, not stall requests.
-            c = aioredis.Redis.from_url(self.url, socket_timeout=self.timeout_s,
-                                        socket_connect_timeout=self.timeout_s, retry_on_timeout=False)
-            self._clients[loop] = c
-        return c
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.client(), name)
-
-    async def aclose(self) -> None:
-        c = self._clients.pop(asyncio.get_running_loop(), None)
-        if c is not None:
-            await c.aclose()
-
-
-@dataclass
-class OpsRuntime:
-    """What the ops layer keeps on ``app.state.ops``."""
-
-    app: FastAPI
-    settings: Any
-    ops: OpsSettings
-    redis: Any | None
-    keys: KeyStore | None
-    owners: OwnerStore | None
-    auth: Authenticator | None
-    admission: AdmissionController | None
-    audit: AuditLog | None
-    grants: TenantGrants | None = None
-    _tenants: Tenants | None = None
-
-    @functools.cached_property
-    def metrics_networks(self) -> tuple[IPNetwork, ...]:
-        return tuple(ipaddress.ip_network(n, strict=False) for n in self.ops.auth.metrics_networks)
-
-    @property
-    def tenants(self) -> Tenants:
-        # Built on first use: create_app may install the guard policy after install_ops ran.
-        if self._tenants is None:
-            st = self.app.state
-            self._tenants = Tenants(self.ops, st.guard_policy, bool(st.allow_guard_disable))
-        return self._tenants
-
-    @property
-    def draining(self) -> bool:
-        return bool(getattr(self.app.state, "draining", False))
-
-    def begin_drain(self) -> None:
-        """Stop taking new work; streams already admitted run to the end (uvicorn waits for them)."""
-        if not self.draining:
-            log.info("drain: refusing new requests, %d in flight", self.in_flight)
-        self.app.state.draining = True
-        metrics.DRAINING.set(1)
-
-    @property
-    def in_flight(self) -> int:
-        return self.admission.in_flight if self.admission is not None else 0
-
-    async def wait_drained(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while self.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        return self.in_flight == 0
-
-    async def aclose(self) -> None:
-        if self.admission is not None:
-            await self.admission.close()
-        if self.audit is not None:
-            # every line handed to the writer reaches the file before shutdown completes
-            await asyncio.to_thread(self.audit.close)
-        if self.redis is not None:
-            with contextlib.suppress(Exception):
-                await self.redis.aclose()
-
-
-def install_ops(app: FastAPI, settings: Any, ops: OpsSettings | None = None) -> OpsRuntime:
-    """Wire auth, tenants, admission, timeouts, audit and drain into ``app``. Call once, in ``create_app``
-    (``ops`` overrides ``settings.ops``)."""
-    if getattr(app.state, "ops", None) is not None:
-        raise RuntimeError("install_ops was already called on this app")
-    ops = ops or ops_settings_of(settings)
-    prefix = settings.redis.key_prefix
-    redis = LoopBoundRedis(settings.redis.url, ops.admission.redis_timeout_s)
-    keys = KeyStore(redis, prefix)
-    rt = OpsRuntime(
-        app=app,
-        settings=settings,
-        ops=ops,
-        redis=redis,
-        keys=keys,
-        owners=OwnerStore(redis, prefix),
-        auth=Authenticator(ops.auth, keys) if ops.auth.enabled else None,
-        admission=AdmissionController(ops.admission, redis, prefix) if ops.admission.enabled else None,
-        audit=AuditLog(ops.audit, settings.home) if ops.audit.enabled else None,
-        grants=TenantGrants(redis, prefix, ttl_s=ops.auth.cache_ttl_s),
-    )
-    app.state.ops = rt
-    app.add_middleware(OpsMiddleware, runtime=rt)
-    _wrap_lifespan(app, rt)
-    return rt
 
 
 async def _release_all(admission: AdmissionController, slots: list[Slot]) -> None:
@@ -216,65 +74,6 @@ async def may_disable_guard(request: Any, overrides: Any | None) -> bool | None:
     if rt is None or rt.grants is None:
         return allowed
     return await rt.grants.has(request.state.tenant, GUARD_DISABLE)
-
-
-def _wrap_lifespan(app: FastAPI, rt: OpsRuntime) -> None:
-    inner = app.router.lifespan_context
-
-    @asynccontextmanager
-    async def lifespan(a: Any) -> AsyncIterator[Any]:
-        # A (re)started lifespan serves again (test clients run one lifespan per client on the same app).
-        app.state.draining = False
-        metrics.DRAINING.set(0)
-        if rt.admission is not None:
-            rt.admission.start()
-        restore = _hook_signals(rt)
-        try:
-            async with inner(a) as state:
-                yield state
-                # Shutdown begins here. uvicorn has already waited for open connections (its graceful
-                # window is drain_timeout_s); this covers servers that do not.
-                rt.begin_drain()
-                drained = await rt.wait_drained(rt.settings.server.drain_timeout_s)
-                if not drained:
-                    log.warning("drain: %d request(s) still in flight at shutdown", rt.in_flight)
-        finally:
-            restore()
-            await rt.aclose()
-
-    app.router.lifespan_context = lifespan
-
-
-def _hook_signals(rt: OpsRuntime) -> Callable[[], None]:
-    """Chain SIGTERM/SIGINT: mark draining at once (readiness turns 503, new requests get 503), then let the
-    server's own handler (uvicorn's graceful shutdown) run."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous: dict[int, Any] = {}
-
-    def handler(signum: int, frame: Any) -> None:
-        rt.begin_drain()
-        prev = previous.get(signum)
-        if callable(prev):
-            prev(signum, frame)
-        elif prev == signal.SIG_DFL:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            previous[sig] = signal.getsignal(sig)
-            signal.signal(sig, handler)
-        except (ValueError, OSError):     # not allowed here (embedded interpreter): no hook, no harm
-            previous.pop(sig, None)
-
-    def restore() -> None:
-        for sig, prev in previous.items():
-            with contextlib.suppress(ValueError, OSError, TypeError):
-                if signal.getsignal(sig) is handler:
-                    signal.signal(sig, prev)
-
-    return restore
 
 
 def _error_response(err: OpenAIError) -> JSONResponse:
@@ -422,60 +221,14 @@ class OpsMiddleware:
             if audit is not None:
                 written = None
                 try:
-                    written = self._audit(audit, principal, view.guard_policy, state.get("guard_policy_applied"),
-                                          path, body, resp, sink)
+                    written = audit_request(audit, rt.app.state.guard, principal, view.guard_policy,
+                                            state.get("guard_policy_applied"), path, body, resp, sink)
                 except Exception:   # auditing must never turn a served response into an error
                     log.exception("audit failed for %s", resp["request_id"])
                 if written is not None:
                     # The response is out; the request ends once its lines are in the file (written by the audit
                     # thread, so the loop keeps serving meanwhile). Shielded: a disconnect must not drop them.
                     await asyncio.shield(asyncio.wrap_future(written))
-
-    def _audit(self, audit: AuditLog, principal: Principal, policy: Any, applied: Any, path: str,
-               body: bytes, resp: dict[str, Any], sink: list[StreamStats]) -> concurrent.futures.Future[None] | None:
-        req: dict[str, Any] = {}
-        with contextlib.suppress(ValueError, TypeError):
-            parsed = json.loads(body) if body else {}
-            req = parsed if isinstance(parsed, dict) else {}
-        prompt_cut = prompt_cut_from_error(bytes(resp["body"]), req.get("model")) if resp["status"] == 400 else None
-        if prompt_cut is not None:
-            metrics.GUARD_DECISIONS.labels(prompt_cut["decision"], str(prompt_cut["category"]),
-                                           str(req.get("model"))).inc()
-            if prompt_cut["decision"] == "guard_error":
-                metrics.GUARD_FAILURES.labels("fail_closed").inc()
-        # ``applied``: the policy the serving code resolved for this request (overrides and permission included)
-        effective = applied if applied is not None else policy
-        guard_on = self.rt.app.state.guard is not None and bool(getattr(effective, "enabled", False))
-        overrides = _asked_overrides(req.get("guard"))
-        guard_disabled = (
-            self.rt.app.state.guard is not None and bool(getattr(policy, "enabled", False)) and not guard_on
-            and overrides.get("enabled") is False
-        )
-        refused = _override_refusal(bytes(resp["body"])) if resp["status"] == 400 else None
-        if prompt_cut is None and not sink and refused is None:
-            return None
-        content = None
-        if audit.settings.include_content:
-            content = {
-                "prompt": req.get("messages", req.get("prompt")),
-                "completion": released_text(bytes(resp["body"]), resp["streamed"]),
-            }
-        records = audit.records(
-            request_id=resp["request_id"],
-            tenant=principal.tenant,
-            key_id=principal.key_id,
-            route=path,
-            status=resp["status"],
-            stats=sink,
-            prompt_cut=prompt_cut,
-            guarded=guard_on,
-            fail_closed=bool(getattr(policy, "fail_closed", True)),
-            content=content,
-            overrides=overrides or None,
-            guard_disabled=guard_disabled,
-            override_refused=refused,
-        )
-        return audit.write(records) if records else None
 
 
 def _acting_for(principal: Principal, header: bytes | None) -> Principal:
@@ -496,9 +249,6 @@ def _acting_for(principal: Principal, header: bytes | None) -> Principal:
     return Principal(tenant=tenant, key_id=principal.key_id, admin=False)
 
 
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
 def _metrics_client_allowed(scope: Scope, networks: tuple[IPNetwork, ...]) -> bool:
     """The socket peer, never a forwarded header (a client could write one)."""
     if not networks:
@@ -509,27 +259,6 @@ def _metrics_client_allowed(scope: Scope, networks: tuple[IPNetwork, ...]) -> bo
     except ValueError:
         return False
     return addr is not None and any(addr in n for n in networks)
-
-
-_OVERRIDE_FIELDS = ("enabled", "prompt_threshold", "response_threshold", "hold_back")
-
-
-def _asked_overrides(guard: Any) -> dict[str, Any]:
-    """The guard overrides a request sent (``include_scores`` changes what is shown, not what is cut)."""
-    if not isinstance(guard, dict):
-        return {}
-    return {k: guard[k] for k in _OVERRIDE_FIELDS if guard.get(k) is not None}
-
-
-def _override_refusal(body: bytes) -> str | None:
-    """The field of a refused guard override, read back from our own 400."""
-    try:
-        err = json.loads(body)["error"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(err, dict) or err.get("code") != GUARD_OVERRIDE_REFUSED:
-        return None
-    return str(err.get("param"))
 
 
 def _check_length(scope: Scope, limit: int) -> None:

@@ -35,7 +35,7 @@ from fastapi import Depends, Request
 from redis.exceptions import RedisError
 
 from gateway.errors import OpenAIError
-from gateway.ops_config import ADMIN_TENANT, AuthSettings
+from gateway.ops.config import ADMIN_TENANT, AuthSettings
 
 KEY_PREFIX = "ngk_"
 

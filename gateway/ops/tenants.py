@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.ops_config import AdmissionSettings, OpsSettings, TenantSettings
+from gateway.ops.config import AdmissionSettings, OpsSettings, TenantSettings
 from guard.api import GuardPolicy
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class TenantGrants:
         return out
 
     async def has(self, tenant: str, grant: str) -> bool:
-        from gateway.auth import REDIS_DOWN
+        from gateway.ops.auth import REDIS_DOWN
 
         now = self.clock()
         hit = self._cache.get((tenant, grant))

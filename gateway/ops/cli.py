@@ -35,7 +35,7 @@ def _out(text: str) -> None:
 def _store(args: argparse.Namespace) -> tuple[Any, Any]:
     import redis.asyncio as aioredis
 
-    from gateway.auth import KeyStore
+    from gateway.ops.auth import KeyStore
 
     rs = _RedisOnly().redis
     client = aioredis.Redis.from_url(args.redis_url or rs.url, socket_connect_timeout=3, socket_timeout=3)
@@ -43,8 +43,8 @@ def _store(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from gateway.auth import KeyNotFound
-    from gateway.tenants import TenantGrants
+    from gateway.ops.auth import KeyNotFound
+    from gateway.ops.tenants import TenantGrants
 
     async def run() -> int:
         client, store = _store(args)
@@ -112,7 +112,7 @@ def add_subcommands(subparsers: Any) -> None:
     ls.add_argument("--tenant", default=None)
     r = ks.add_parser("revoke", help="revoke a key by its id (effective within ops.auth.cache_ttl_s)")
     r.add_argument("key_id")
-    from gateway.tenants import GRANTS
+    from gateway.ops.tenants import GRANTS
 
     for name, text in (
         ("grant", "grant a tenant a permission; guard_disable: its requests may send guard.enabled=false "

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gateway.ops_config import AuditSettings
+from gateway.ops.config import AuditSettings
 from gateway.serving.common import StreamStats
 from guard.api import SafetyCut
 

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway import metrics
-from gateway.auth import REDIS_DOWN
 from gateway.errors import OpenAIError
-from gateway.ops_config import AdmissionSettings
-from gateway.tenants import Quota
+from gateway.ops.auth import REDIS_DOWN
+from gateway.ops.config import AdmissionSettings
+from gateway.ops.tenants import Quota
 
 log = logging.getLogger(__name__)
 
