@@ -1,4 +1,4 @@
-"""``nextguard keys create|list|revoke|grant|ungrant|grants`` and ``nextguard bench load``.
+"""``nextguard keys create|list|revoke|grant|ungrant|grants|quota|quotas`` and ``nextguard bench load``.
 
 ``gateway.cli`` calls :func:`add_subcommands` and :func:`add_bench_subcommands` (listed in its
 ``SUBCOMMAND_MODULES``). Key commands talk to Redis directly: they are for the operator on the box, the
@@ -42,15 +42,50 @@ def _store(args: argparse.Namespace) -> tuple[Any, Any]:
     return client, KeyStore(client, args.prefix or rs.key_prefix)
 
 
+def _quota_value(text: str) -> int | str:
+    """A quota on the command line: a whole number >= 1, or ``default`` (back to the ``suites.*`` setting)."""
+    if text == "default":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (or 'default')") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1; to fall back to the setting, pass 'default'")
+    return value
+
+
 def _keys(args: argparse.Namespace) -> int:
     from gateway.ops.auth import KeyNotFound
-    from gateway.ops.tenants import TenantGrants
+    from gateway.ops.tenants import TenantGrants, TenantQuotaLimits
+    from offline_suites.quotas import TENANT_LIMITS
 
     async def run() -> int:
         client, store = _store(args)
         grants = TenantGrants(client, store.prefix)
+        own = TenantQuotaLimits(client, store.prefix)
         try:
-            if args.keys_command in ("grant", "ungrant"):
+            if args.keys_command == "quota":
+                asked = {n: getattr(args, n) for n in TENANT_LIMITS if getattr(args, n) is not None}
+                try:
+                    await own.reset(args.tenant, tuple(n for n, v in asked.items() if v == "default"))
+                    await own.set(args.tenant, {n: int(v) for n, v in asked.items() if v != "default"})
+                except ValueError as e:
+                    sys.stderr.write(f"{e}\n")
+                    return 2
+                limits = await own.get(args.tenant)
+                said = ", ".join(f"{n}={v}" for n, v in limits.items()) or "no quotas of its own"
+                _out(json.dumps({"tenant": args.tenant, "quotas": limits}) if args.json
+                     else f"tenant {args.tenant}: {said} (the rest: the suites.tenant_max_* settings; applies from "
+                          "its next upload or submission)")
+            elif args.keys_command == "quotas":
+                tenants = await own.list(args.tenant)
+                if args.json:
+                    _out(json.dumps(tenants))
+                else:
+                    for tenant, own_limits in tenants.items():
+                        _out(f"{tenant}\t" + ",".join(f"{n}={v}" for n, v in own_limits.items()))
+            elif args.keys_command in ("grant", "ungrant"):
                 try:
                     if args.keys_command == "grant":
                         await grants.grant(args.tenant, args.permission)
@@ -124,6 +159,17 @@ def add_subcommands(subparsers: Any) -> None:
         g.add_argument("permission", choices=GRANTS)
     gl = ks.add_parser("grants", help="list the permissions granted to tenants")
     gl.add_argument("--tenant", default=None)
+    q = ks.add_parser("quota", help="set a tenant's own jobs-API quotas (the suites.tenant_max_* settings it "
+                                    "does not share); 'default' puts one back to the setting; no value: show them")
+    q.add_argument("--tenant", required=True)
+    for flag, name, what in (("--max-files", "tenant_max_files", "uploaded files it may keep"),
+                             ("--max-file-bytes", "tenant_max_file_bytes", "total bytes of its uploads"),
+                             ("--max-queued-jobs", "tenant_max_queued_jobs",
+                              "suite runs and batches it may have queued or running")):
+        q.add_argument(flag, dest=name, type=_quota_value, default=None, metavar="N|default",
+                       help=f"{what} (otherwise suites.{name})")
+    ql = ks.add_parser("quotas", help="list the tenants that have quotas of their own")
+    ql.add_argument("--tenant", default=None)
     keys.set_defaults(func=_keys)
 
 

@@ -29,7 +29,7 @@ from gateway.ops.auth import Authenticator, KeyStore, OwnerStore
 from gateway.ops.config import OpsSettings
 from gateway.ops.middleware import OpsMiddleware
 from gateway.ops.redis_client import LoopBoundRedis
-from gateway.ops.tenants import TenantGrants, Tenants
+from gateway.ops.tenants import TenantGrants, TenantQuotaLimits, Tenants
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ class OpsRuntime:
     admission: AdmissionController | None
     audit: AuditLog | None
     grants: TenantGrants | None = None
+    quota_limits: TenantQuotaLimits | None = None
     _tenants: Tenants | None = None
 
     @functools.cached_property
@@ -122,6 +123,7 @@ def install_ops(app: FastAPI, settings: Any, ops: OpsSettings | None = None) -> 
         admission=AdmissionController(ops.admission, redis, prefix) if ops.admission.enabled else None,
         audit=AuditLog(ops.audit, settings.home) if ops.audit.enabled else None,
         grants=TenantGrants(redis, prefix, ttl_s=ops.auth.cache_ttl_s),
+        quota_limits=TenantQuotaLimits(redis, prefix),
     )
     app.state.ops = rt
     app.add_middleware(OpsMiddleware, runtime=rt)

@@ -5,6 +5,9 @@ only the fields it sets. Request-level ``guard`` overrides are applied later by 
 only tighten it, and may switch the guard off only where the operator allows it: the settings
 (``allow_guard_disable``, deployment-wide or per tenant) or a grant stored with ``nextguard keys grant``
 (:class:`TenantGrants`). Both are off by default.
+
+The jobs API's quotas (uploads, queued runs and batches: ``offline_suites.quotas``) are the ``suites.tenant_max_*``
+settings unless the operator set a tenant's own with ``nextguard keys quota`` (:class:`TenantQuotaLimits`).
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.ops.config import AdmissionSettings, OpsSettings, TenantSettings
 from guard.api import GuardPolicy
+from offline_suites.quotas import TENANT_LIMITS
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +96,11 @@ def resolve_policy(base: GuardPolicy, tenant: TenantSettings) -> GuardPolicy:
     return dataclasses.replace(base, **changes) if changes else base
 
 
+def check_tenant(tenant: str) -> None:
+    if not tenant or not tenant.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"tenant {tenant!r}: use letters, digits, '-' and '_' only")
+
+
 class TenantGrants:
     """Permissions an operator grants a tenant (``nextguard keys grant``), one Redis set per tenant
     (``<p>:grants:<tenant>``), so every replica sees the same grants.
@@ -111,8 +121,7 @@ class TenantGrants:
 
     @staticmethod
     def _check(tenant: str, grant: str) -> None:
-        if not tenant or not tenant.replace("-", "").replace("_", "").isalnum():
-            raise ValueError(f"tenant {tenant!r}: use letters, digits, '-' and '_' only")
+        check_tenant(tenant)
         if grant not in GRANTS:
             raise ValueError(f"unknown grant {grant!r}; known: {', '.join(GRANTS)}")
 
@@ -153,3 +162,61 @@ class TenantGrants:
             self._cache.clear()     # bounded: tenants come from keys, but stay safe anyway
         self._cache[(tenant, grant)] = (ok, now)
         return ok
+
+
+class TenantQuotaLimits:
+    """A tenant's own jobs-API quotas (the ``suites.tenant_max_*`` settings it does not share), set by the
+    operator with ``nextguard keys quota``: one Redis hash per tenant (``<p>:quotas:<tenant>``), so every
+    replica sees the same numbers. A quota the tenant has no number for is the setting's. Read on each upload
+    or submission (rare next to generation requests), uncached, so a change applies to the next one."""
+
+    def __init__(self, redis: Any, prefix: str) -> None:
+        self.redis = redis
+        self.prefix = prefix
+
+    def _key(self, tenant: str) -> str:
+        return f"{self.prefix}:quotas:{tenant}"
+
+    @staticmethod
+    def _check(tenant: str, names: Mapping[str, int] | tuple[str, ...]) -> None:
+        check_tenant(tenant)
+        for name in names:
+            if name not in TENANT_LIMITS:
+                raise ValueError(f"unknown quota {name!r}; known: {', '.join(TENANT_LIMITS)}")
+        if isinstance(names, Mapping):
+            for name, value in names.items():
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ValueError(f"quota {name} must be a whole number >= 1 (got {value!r})")
+
+    async def set(self, tenant: str, limits: Mapping[str, int]) -> None:
+        self._check(tenant, limits)
+        if limits:
+            await self.redis.hset(self._key(tenant), mapping={k: str(v) for k, v in limits.items()})
+
+    async def reset(self, tenant: str, names: tuple[str, ...] = TENANT_LIMITS) -> None:
+        """Back to the settings' values."""
+        self._check(tenant, names)
+        if names:
+            await self.redis.hdel(self._key(tenant), *names)
+
+    async def get(self, tenant: str) -> dict[str, int]:
+        raw = await self.redis.hgetall(self._key(tenant))
+        out: dict[str, int] = {}
+        for k, v in raw.items():
+            name = k.decode() if isinstance(k, bytes) else str(k)
+            if name in TENANT_LIMITS:       # a name an older or newer release wrote is not ours to apply
+                out[name] = int(v)
+        return out
+
+    async def list(self, tenant: str | None = None) -> dict[str, dict[str, int]]:
+        if tenant is not None:
+            tenants = [tenant]
+        else:
+            found = [k.decode() if isinstance(k, bytes) else str(k) async for k in self.redis.scan_iter(match=self._key("*"))]
+            tenants = sorted(k.rsplit(":", 1)[1] for k in found)
+        out = {}
+        for t in tenants:
+            got = await self.get(t)
+            if got:
+                out[t] = got
+        return out

@@ -878,3 +878,44 @@ async def test_prompt_gate_wait_for_a_guard_slot_is_bounded(tmp_path: Path) -> N
     assert _guard_busy("prompt") == busy0 + 1
     assert again.status_code == 200 and len(engine.requests) == 1     # only the retry reached the model
     assert guard.engine.waiting == 0 and rt.in_flight == 0
+
+
+# -- a tenant's own jobs-API quotas, set by the operator --------------------------------------------------
+@pytest.mark.redis
+async def test_operator_sets_a_tenants_own_quotas(tmp_path: Path, redis_url: str, prefix: str) -> None:
+    """``nextguard keys quota`` gives one tenant other numbers than the ``suites.tenant_max_*`` settings;
+    every other tenant keeps the settings', and ``default`` puts the tenant back on them."""
+    app, rt, s = _jobs_app(tmp_path, redis_url, prefix, tenant_max_files=2, tenant_max_queued_jobs=2)
+    key_a, _ = await rt.keys.create("tenant-a")
+    key_b, _ = await rt.keys.create("tenant-b")
+    run = {"preset": "smoke", "config": {"llm_dialogues": 0, "dialogues": 2}}     # queued only: no worker here
+    assert await _keys_cli(redis_url, prefix, "quota", "--tenant", "tenant-a", "--max-files", "3") == 0
+    assert await _keys_cli(redis_url, prefix, "quota", "--tenant", "tenant-b", "--max-queued-jobs", "1") == 0
+    assert await rt.quota_limits.list() == {"tenant-a": {"tenant_max_files": 3},
+                                            "tenant-b": {"tenant_max_queued_jobs": 1}}
+    with pytest.raises(SystemExit):          # 0 would refuse everything: not a quota, a mistake
+        await _keys_cli(redis_url, prefix, "quota", "--tenant", "tenant-a", "--max-files", "0")
+    assert await _keys_cli(redis_url, prefix, "quota", "--tenant", "no:such", "--max-files", "5") == 2
+    try:
+        async with client(app, key_a) as a, client(app, key_b) as b:
+            async def up(c: Any) -> Any:
+                return await c.post("/v1/files", data={"purpose": "batch"}, files={"file": ("b.jsonl", _batch_file())})
+
+            assert [(await up(a)).status_code for _ in range(3)] == [200, 200, 200]     # over the setting's 2
+            err = assert_openai_error(await up(a), 429, "file_count_quota_exceeded")
+            assert err["param"] == "suites.tenant_max_files" and "tenant_max_files = 3 for this tenant" in err["message"]
+            assert [(await up(b)).status_code for _ in range(3)] == [200, 200, 429]     # the setting's 2
+            # tenant-b's own queue bound (1) is under the setting's (2); tenant-a keeps the setting's
+            assert (await b.post("/v1/suites/tableagent/runs", json=run)).status_code == 201
+            err = assert_openai_error(await b.post("/v1/suites/tableagent/runs", json={**run, "seed": 1}), 429,
+                                      "job_quota_exceeded")
+            assert "tenant_max_queued_jobs = 1 for this tenant" in err["message"]
+            assert [(await a.post("/v1/suites/tableagent/runs", json={**run, "seed": i})).status_code
+                    for i in range(3)] == [201, 201, 429]
+            # back to the settings: tenant-a now holds one file more than it may keep
+            assert await _keys_cli(redis_url, prefix, "quota", "--tenant", "tenant-a", "--max-files", "default") == 0
+            assert await rt.quota_limits.get("tenant-a") == {}
+            err = assert_openai_error(await up(a), 429, "file_count_quota_exceeded")
+            assert "suites.tenant_max_files = 2" in err["message"]
+    finally:
+        await _drop_jobs_keys(app, redis_url, s)

@@ -69,7 +69,10 @@ async def _store(request: Request) -> RunStore:
 
 
 def quotas(request: Request) -> TenantQuotas:
-    return TenantQuotas(redis_client(request), suite_settings(request))
+    """The jobs API's quotas, with the tenants' own numbers where the operator set them."""
+    rt = getattr(request.app.state, "ops", None)
+    own = rt.quota_limits if rt is not None else None
+    return TenantQuotas(redis_client(request), suite_settings(request), limits=own.get if own is not None else None)
 
 
 def quota_error(e: QuotaExceeded) -> OpenAIError:
