@@ -38,6 +38,8 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "offline_suites.repsim",
     "offline_suites.tableagent",
     "offline_suites.cgm",
+    # time series and sensors
+    "offline_suites.kineflow",
 )
 
 _lock = threading.RLock()
