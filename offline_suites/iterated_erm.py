@@ -66,10 +66,9 @@ class Config:
 
 
 Config.SMOKE = Config()
-Config.FULL = Config(d=600, trials=60, alphas=(0.25, 0.5, 1.0, 2.0, 4.0, 8.0),
+Config.FULL = Config(d=400, trials=60, alphas=(0.25, 0.5, 1.0, 2.0, 4.0, 8.0),
                      kappas=(0.03, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
-                     dd_ratios=(1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2, 0.15, 0.1),
-                     pool_factor=12.0, dd_trials=40)
+                     dd_ratios=(1.0, 0.8, 0.6, 0.45, 0.35, 0.25, 0.2, 0.15, 0.1), pool_factor=12.0, dd_trials=24)
 
 
 def q_func(x: np.ndarray | float) -> np.ndarray | float:

@@ -39,6 +39,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "offline_suites.tableagent",
     "offline_suites.cgm",
     "offline_suites.iterated_erm",
+    "offline_suites.parpic",
 )
 
 _lock = threading.RLock()
