@@ -40,6 +40,9 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "offline_suites.cgm",
     # time series and sensors
     "offline_suites.kineflow",
+    # graphs, perturbations, learning theory, continual learning
+    "offline_suites.iterated_erm",
+    "offline_suites.parpic",
 )
 
 _lock = threading.RLock()

@@ -15,7 +15,8 @@ from offline_suites.registry import (
     register_suite,
 )
 
-FIVE = {"powerlaw-cot", "fp-equivariance", "repsim", "tableagent", "cgm"}
+FIVE = {"powerlaw-cot", "fp-equivariance", "repsim", "tableagent", "cgm",
+        "kineflow", "iterated-erm", "parpic"}
 
 
 def test_builtin_set_is_exact() -> None:
