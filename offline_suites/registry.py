@@ -38,6 +38,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "offline_suites.repsim",
     "offline_suites.tableagent",
     "offline_suites.cgm",
+    "offline_suites.asasr",
 )
 
 _lock = threading.RLock()
