@@ -39,6 +39,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "offline_suites.tableagent",
     "offline_suites.cgm",
     "offline_suites.asasr",
+    "offline_suites.textatlas",
 )
 
 _lock = threading.RLock()
