@@ -40,6 +40,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "offline_suites.cgm",
     "offline_suites.asasr",
     "offline_suites.textatlas",
+    "offline_suites.return_critic",
 )
 
 _lock = threading.RLock()
