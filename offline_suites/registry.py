@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from offline_suites.base import Suite
 
-# The five LLM-facing suites of issue 5. Other suites append themselves here when they land.
+# The built-in suites, grouped by field; `nextguard suites list` shows them in this order.
 BUILTIN_MODULES: tuple[str, ...] = (
     "offline_suites.powerlaw_cot",
     "offline_suites.fp_equivariance",
@@ -43,6 +43,10 @@ BUILTIN_MODULES: tuple[str, ...] = (
     # graphs, perturbations, learning theory, continual learning
     "offline_suites.iterated_erm",
     "offline_suites.parpic",
+    # images, OCR and pixel-based RL
+    "offline_suites.asasr",
+    "offline_suites.textatlas",
+    "offline_suites.return_critic",
 )
 
 _lock = threading.RLock()

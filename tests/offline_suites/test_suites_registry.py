@@ -16,7 +16,7 @@ from offline_suites.registry import (
 )
 
 FIVE = {"powerlaw-cot", "fp-equivariance", "repsim", "tableagent", "cgm",
-        "kineflow", "iterated-erm", "parpic"}
+        "kineflow", "iterated-erm", "parpic", "asasr", "textatlas", "return-critic"}
 
 
 def test_builtin_set_is_exact() -> None:
