@@ -422,6 +422,7 @@ def test_compose_keeps_secrets_and_internals_off_the_network() -> None:
     assert "location = /metrics" in lb
     (retry,) = [x for x in lb.splitlines() if x.strip().startswith("proxy_next_upstream ")]
     assert "timeout" not in retry            # a slow POST is never replayed on the other replica
+    assert "non_idempotent" not in retry     # nor any POST that reached a replica (nginx's default)
 
 
 @pytest.mark.redis
