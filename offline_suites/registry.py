@@ -40,6 +40,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "offline_suites.cgm",
     # time series and sensors
     "offline_suites.kineflow",
+    "offline_suites.scale_cp",
 )
 
 _lock = threading.RLock()
