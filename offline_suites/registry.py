@@ -41,6 +41,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     # time series and sensors
     "offline_suites.kineflow",
     "offline_suites.scale_cp",
+    "offline_suites.dicot",
 )
 
 _lock = threading.RLock()
