@@ -42,6 +42,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "offline_suites.kineflow",
     "offline_suites.scale_cp",
     "offline_suites.dicot",
+    "offline_suites.bicrossnet",
 )
 
 _lock = threading.RLock()
