@@ -40,6 +40,9 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "offline_suites.cgm",
     # time series and sensors
     "offline_suites.kineflow",
+    "offline_suites.scale_cp",
+    "offline_suites.dicot",
+    "offline_suites.bicrossnet",
     # graphs, perturbations, learning theory, continual learning
     "offline_suites.iterated_erm",
     "offline_suites.parpic",
