@@ -40,6 +40,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "offline_suites.cgm",
     "offline_suites.iterated_erm",
     "offline_suites.parpic",
+    "offline_suites.weight_perturb",
 )
 
 _lock = threading.RLock()
