@@ -41,6 +41,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "offline_suites.iterated_erm",
     "offline_suites.parpic",
     "offline_suites.weight_perturb",
+    "offline_suites.area_cil",
 )
 
 _lock = threading.RLock()

@@ -16,7 +16,7 @@ from offline_suites.registry import (
 )
 
 FIVE = {"powerlaw-cot", "fp-equivariance", "repsim", "tableagent", "cgm",
-        "iterated-erm", "parpic", "weight-perturb"}
+        "iterated-erm", "parpic", "weight-perturb", "area-cil"}
 
 
 def test_builtin_set_is_exact() -> None:
