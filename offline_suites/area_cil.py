@@ -74,8 +74,8 @@ class Config:
 
 
 Config.SMOKE = Config()
-Config.FULL = Config(tasks=10, classes_per_task=5, train_per_class=300, test_per_class=100, epochs=100,
-                     text_per_class=80)
+Config.FULL = Config(tasks=10, classes_per_task=4, train_per_class=250, test_per_class=50, epochs=100,
+                     text_per_class=80, ot_iters=300)
 
 
 # ------------------------------------------------------------------------------ sphere geometry
