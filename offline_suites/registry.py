@@ -46,6 +46,8 @@ BUILTIN_MODULES: tuple[str, ...] = (
     # graphs, perturbations, learning theory, continual learning
     "offline_suites.iterated_erm",
     "offline_suites.parpic",
+    "offline_suites.weight_perturb",
+    "offline_suites.area_cil",
     # images, OCR and pixel-based RL
     "offline_suites.asasr",
     "offline_suites.textatlas",
