@@ -63,7 +63,7 @@ class Config:
 
 
 Config.SMOKE = Config()
-Config.FULL = Config(budgets=(3e9, 1e10, 3e10, 1e11), widths=(8, 16, 24, 32, 48), layers=2, lr=1e-2, complete_n=300)
+Config.FULL = Config(budgets=(3e9, 1e10, 3e10, 1e11), widths=(12, 16, 24, 32, 48), layers=2, lr=1e-2, complete_n=200)
 
 
 # -------------------------------------------------------------------------------------------- data

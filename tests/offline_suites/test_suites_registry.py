@@ -16,11 +16,12 @@ from offline_suites.registry import (
 )
 
 FIVE = {"powerlaw-cot", "fp-equivariance", "repsim", "tableagent", "cgm"}
+LAST_FOUR = {"nextpixel-scaling", "asasr", "textatlas", "return-critic"}
 
 
 def test_builtin_set_is_exact() -> None:
     names = {s.name for s in list_suites() if s.fn.__module__ in BUILTIN_MODULES}
-    assert names == FIVE
+    assert names == FIVE | LAST_FOUR
 
 
 def test_duplicate_name_raises() -> None:
