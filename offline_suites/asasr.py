@@ -64,8 +64,7 @@ class Config:
 
 
 Config.SMOKE = Config()
-Config.FULL = Config(patch=32, width=32, train_patches=4000, test_patches=256, steps=2500, align_steps=800, batch=32,
-                     sample_steps=20)
+Config.FULL = Config(patch=32, train_patches=3000, test_patches=256, steps=1000, align_steps=300, sample_steps=16)
 
 
 # ------------------------------------------------------------------------------ spectra and norms

