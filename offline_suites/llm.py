@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+class ContextTooLong(ValueError):
+    """The prompt does not fit the served model's context (either door). A suite can shorten the
+    conversation or end it; it is not a failure of the run."""
+
+
 @dataclass(slots=True)
 class ChatReply:
     text: str
@@ -67,6 +72,11 @@ class EngineLLMClient:
     def model_id(self) -> str:
         return self.engine.model_card.id
 
+    def describe(self) -> dict[str, Any]:
+        """For provenance: which door the run used to reach the model."""
+        return {"door": "engine", "client": type(self).__name__, "engine": type(self.engine).__name__,
+                "model_id": self.model_id, "guarded": False}
+
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         try:
             running = asyncio.get_running_loop()
@@ -82,16 +92,20 @@ class EngineLLMClient:
 
     async def _chat(self, messages: Sequence[dict[str, Any]], max_tokens: int, temperature: float,
                     seed: int | None, stop: Sequence[str]) -> ChatReply:
+        from inference.engine import PromptTooLongError
         from inference.types import SamplingOptions
 
         ids = self.engine.apply_chat_template(list(messages), add_generation_prompt=True)
         opts = SamplingOptions(max_tokens=max_tokens, temperature=temperature, seed=seed, stop=tuple(stop))
         parts: list[str] = []
         n_out, finish = 0, None
-        async for delta in self.engine.generate(ids, opts, self._rid("chat")):
-            parts.append(delta.text)
-            n_out += len(delta.token_ids)
-            finish = delta.finish_reason or finish
+        try:
+            async for delta in self.engine.generate(ids, opts, self._rid("chat")):
+                parts.append(delta.text)
+                n_out += len(delta.token_ids)
+                finish = delta.finish_reason or finish
+        except PromptTooLongError as e:
+            raise ContextTooLong(str(e)) from e
         return ChatReply("".join(parts), finish, len(ids), n_out)
 
     def chat(self, messages: Sequence[dict[str, Any]], *, max_tokens: int, temperature: float = 0.0,
@@ -155,6 +169,12 @@ class OpenAILLMClient:
                                      default_headers=headers)
         self._model = model
         self._concurrency = concurrency
+        self._base_url, self._tenant = base_url, tenant
+
+    def describe(self) -> dict[str, Any]:
+        """For provenance: which door the run used to reach the model (the gateway, as which tenant)."""
+        return {"door": "api", "client": type(self).__name__, "base_url": self._base_url, "tenant": self._tenant,
+                "model_id": self.model_id, "guarded": True}
 
     @property
     def model_id(self) -> str:
@@ -164,9 +184,16 @@ class OpenAILLMClient:
 
     def chat(self, messages: Sequence[dict[str, Any]], *, max_tokens: int, temperature: float = 0.0,
              seed: int | None = None, stop: Sequence[str] = ()) -> ChatReply:
-        r = self._client.chat.completions.create(
-            model=self.model_id, messages=list(messages), max_tokens=max_tokens,  # type: ignore[arg-type]
-            temperature=temperature, seed=seed, stop=list(stop) or None)
+        import openai
+
+        try:
+            r = self._client.chat.completions.create(
+                model=self.model_id, messages=list(messages), max_tokens=max_tokens,  # type: ignore[arg-type]
+                temperature=temperature, seed=seed, stop=list(stop) or None)
+        except openai.BadRequestError as e:
+            if e.code == "context_length_exceeded":
+                raise ContextTooLong(str(e)) from e
+            raise
         c = r.choices[0]
         usage = r.usage
         return ChatReply(c.message.content or "", c.finish_reason,

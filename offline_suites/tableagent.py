@@ -2,16 +2,21 @@
 201983290498/TableAgentBench, Apache-2.0 — reimplemented from the description, no code copied).
 
 "TableWorld" generates bilingual (en/zh) multi-table dialogue environments with exact ground truth
-(CSV plus an XLSX with a two-row header, distractor tables sharing column names, chain and
-fork-join topologies). Agents work through tools (list_folder, preview_table, table_schema,
-search_cells, run_pandas, answer) and a deterministic rule judge computes the TAEF metric families:
-information coverage (micro/macro, strict/non-strict), task Pass@1 and turn Coverage@1, table
-recall/precision/F1, tool success and parallelism. The judge is the method under test: scripted
-agents with exactly known scores (including one that pads the right answer with a flood of other
-numbers, which TAEF's |Δ| ≤ 0.1 rule alone would credit) and hand-made cases gate it. The
-``null_method`` swaps in a judge that credits any non-empty answer, which must fail them. The
-served model then runs as the agent through the chat API with a ReAct text protocol; its scores
-are reported, and the leaderboard's finding (table agents score low) is a claim.
+(CSV plus an XLSX with a two-row header, distractor tables sharing column names) in the benchmark's
+three main turn topologies: chain, fork-join and tree. Agents work through tools (list_folder,
+preview_table, table_schema, search_cells, run_pandas, answer) and a deterministic rule judge computes
+the TAEF metric families: information coverage (micro/macro, strict/non-strict), task Pass@1 and turn
+Coverage@1, table recall/precision/F1, tool success and parallelism. The judge is the method under
+test: scripted agents with exactly known scores (including one that pads the right answer with a
+flood of other numbers, which TAEF's |Δ| ≤ 0.1 rule alone would credit) and hand-made cases gate it.
+The ``null_method`` swaps in a judge that credits any non-empty answer, which must fail them.
+
+The served model then plays three parts: TAEF's LLM judge (yes/no by log-likelihood on scripted
+(answer, score point) pairs, measured as agreement with the exact verdicts), the user simulator
+(it phrases each checklist item; a paraphrase that loses a number falls back to the item), and the
+agent (ReAct text protocol through the chat API; a conversation longer than the context is cut back
+to the current turn, then ended). Its scores are reported, and the leaderboard's finding (table
+agents score low) is a claim.
 """
 
 from __future__ import annotations
@@ -44,24 +49,30 @@ FRONTIER_IC = 0.534   # best information coverage on the TableAgent-Bench leader
 
 @dataclass(frozen=True)
 class Config:
-    dialogues: int = 4
+    dialogues: int = 6               # topologies chain / fork-join / tree × en / zh, cycled
     years: tuple[int, ...] = (2021, 2022, 2023)
     llm_dialogues: int = 1           # dialogues the served model plays (0 = skip)
-    llm_turns: int = 1               # turns per served-model dialogue
+    llm_turns: int = 2               # turns per served-model dialogue
     llm_max_steps: int = 2           # tool steps per turn before the answer is forced
-    llm_max_tokens: int = 64
+    llm_max_tokens: int = 96         # per agent message: room for an Action with a line of pandas
+    llm_parallel: int = 4            # served dialogues in flight together (the engine batches them)
+    llm_user_simulator: bool = True  # the served model phrases each question (verbatim on a bad paraphrase)
+    judge_items: int = 16            # scripted (answer, point) pairs the served model judges (0 = skip)
     sandbox_timeout_s: float = 20.0
     null_method: bool = False        # a judge that credits every non-empty answer: the gates must fail
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "dialogues": (1, 1000), "years": (1900, 2100), "llm_dialogues": (0, 1000), "llm_turns": (1, 4),
-        "llm_max_steps": (0, 100), "llm_max_tokens": (1, 4096), "sandbox_timeout_s": (1.0, 600.0)}
+        "llm_max_steps": (0, 100), "llm_max_tokens": (1, 4096), "llm_parallel": (1, 64), "judge_items": (0, 10_000),
+        "sandbox_timeout_s": (1.0, 600.0)}
 
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
 
 Config.SMOKE = Config()
-Config.FULL = Config(dialogues=50, llm_dialogues=10, llm_turns=4, llm_max_steps=10, llm_max_tokens=256)
+# FULL: ≤ 6 × 4 × 7 agent messages of ≤ 192 tokens, six dialogues in flight: minutes, far inside the job timeout
+Config.FULL = Config(dialogues=60, llm_dialogues=6, llm_turns=4, llm_max_steps=6, llm_max_tokens=192,
+                     judge_items=300)
 
 
 # ------------------------------------------------------------------------------------- generator
@@ -71,6 +82,14 @@ class Turn:
     related_tables: list[str]
     score_points: list[dict[str, Any]]
     answer_text: str
+    parents: list[int] = field(default_factory=list)   # turns whose answers this one builds on
+
+
+# the per-turn dependency structure of each topology (TableAgent-Bench: Tree 32.9 %, Fork-Join 27.6 %,
+# Chain 24.6 % of tasks)
+TOPOLOGIES = ("chain", "fork_join", "tree")
+PARENTS: dict[str, list[list[int]]] = {"chain": [[], [0], [1], [2]], "fork_join": [[], [], [], [0, 1]],
+                                       "tree": [[], [0], [0], [1]]}
 
 
 @dataclass
@@ -151,6 +170,18 @@ def generate_dialogue(folder: Path, rng: np.random.Generator, lang: str, topolog
         g = (rev[(best, y1)] / rev[(best, y0)] - 1) * 100
         turns.append((f"By what percentage did its revenue grow from {y0} to {y1}?" if en else
                       f"该地区收入从{y0}年到{y1}年增长了百分之多少？", [S], [num(g, True)]))
+    elif topology == "tree":
+        # turn 1 is the root; turns 2 and 3 each build on it, turn 4 on turn 2
+        low = min(regions, key=lambda r: cost[(r, y1)])
+        turns.append((f"Which region had the lowest cost in {y1}?" if en else f"{y1}年哪个地区的成本最低？", [C],
+                      [ent(low)]))
+        turns.append(("How many employees does that region have?" if en else "该地区有多少员工？", [H],
+                      [num(emp[low])]))
+        g = (rev[(low, y1)] / rev[(low, y0)] - 1) * 100
+        turns.append((f"For the same region, by what percentage did revenue change from {y0} to {y1}?" if en else
+                      f"同一地区的收入从{y0}年到{y1}年变化了百分之多少？", [S], [num(g, True)]))
+        turns.append((f"Using that headcount, what was its cost per employee in {y1}?" if en else
+                      f"按该员工人数计算，{y1}年该地区的人均成本是多少？", [C, H], [num(cost[(low, y1)] / emp[low])]))
     else:   # fork-join: independent turns, then an aggregating one
         tr, tc = sum(rev[(r, y1)] for r in regions), sum(cost[(r, y1)] for r in regions)
         thr = float(np.median([rev[(r, y1)] for r in regions]))
@@ -162,7 +193,8 @@ def generate_dialogue(folder: Path, rng: np.random.Generator, lang: str, topolog
                       f"{y1}年有多少个地区的收入高于{thr:g}？", [S], [num(sum(rev[(r, y1)] > thr for r in regions))]))
         turns.append((f"Combining both, what was the overall profit margin in {y1} (in percent)?" if en else
                       f"综合来看，{y1}年的整体利润率是百分之多少？", [S, C], [num((tr - tc) / tr * 100, True)]))
-    out = [Turn(q, sorted(g), pts, _fmt_points(pts, lang)) for q, g, pts in turns]
+    parents = PARENTS[topology]
+    out = [Turn(q, sorted(g), pts, _fmt_points(pts, lang), parents[k]) for k, (q, g, pts) in enumerate(turns)]
     return Dialogue(folder, lang, topology, tables, out)
 
 
@@ -432,17 +464,47 @@ _ACTION = re.compile(r"Action:\s*([a-z_]+)\s*(\{.*\})?", re.S)
 _FINAL = re.compile(r"Final Answer:\s*(.*)", re.S)
 
 
-def llm_agent(dlg: Dialogue, chat: Callable[[list[dict[str, Any]]], Any], cfg: Config) -> Trace:
+def _trim_to_turn(messages: list[dict[str, Any]], turn_start: int) -> list[dict[str, Any]]:
+    """The system prompt and the current turn only: earlier turns' tool traffic is what overflows."""
+    return [messages[0], *messages[turn_start:]]
+
+
+def llm_agent(dlg: Dialogue, chat: Callable[[list[dict[str, Any]]], Any], cfg: Config,
+              ask: Callable[[Turn, str | None], str] | None = None) -> Trace:
+    """The served model as a ReAct agent over one dialogue. ``chat`` is the one model call (messages
+    in, a ChatReply out); ``ask`` phrases each turn's question (the user simulator; verbatim when
+    None). A conversation that outgrows the model's context is cut back to the current turn, and if
+    that still does not fit, the dialogue ends there (its remaining turns count as unanswered)."""
+    from offline_suites.llm import ContextTooLong
+
     env = TableEnv(dlg, cfg.sandbox_timeout_s)
     messages: list[dict[str, Any]] = [{"role": "system", "content": _SYSTEM[dlg.lang]}]
     answers: list[str | None] = []
     declared: list[list[str]] = []
-    msgs = tokens = 0
+    questions: list[str] = []
+    msgs = tokens = truncations = 0
+    ended: str | None = None
+    last: str | None = None
     for t, turn in enumerate(dlg.turns[: cfg.llm_turns]):
-        messages.append({"role": "user", "content": turn.info_item})
+        question = ask(turn, last) if ask is not None else turn.info_item
+        questions.append(question)
+        turn_start = len(messages)
+        messages.append({"role": "user", "content": question})
         answer: str | None = None
         for step in range(cfg.llm_max_steps + 1):
-            reply = chat(messages)
+            try:
+                reply = chat(messages)
+            except ContextTooLong:
+                if turn_start <= 1:
+                    ended = "context"
+                    break
+                messages = _trim_to_turn(messages, turn_start)
+                turn_start, truncations = 1, truncations + 1
+                try:
+                    reply = chat(messages)
+                except ContextTooLong:
+                    ended = "context"
+                    break
             tokens += reply.prompt_tokens + reply.completion_tokens
             text = reply.text.strip()
             messages.append({"role": "assistant", "content": text})
@@ -451,8 +513,6 @@ def llm_agent(dlg: Dialogue, chat: Callable[[list[dict[str, Any]]], Any], cfg: C
             act = _ACTION.search(text)
             if fin or not act or step == cfg.llm_max_steps:
                 answer = (fin.group(1) if fin else text) or None
-                m = re.search(r"\[tables?:\s*([^\]]*)\]", answer or "")
-                declared.append([x.strip() for x in m.group(1).split(",") if x.strip() in dlg.tables] if m else [])
                 break
             try:
                 args = json.loads(act.group(2) or "{}")
@@ -462,14 +522,106 @@ def llm_agent(dlg: Dialogue, chat: Callable[[list[dict[str, Any]]], Any], cfg: C
                 args = {"_unparsed": act.group(2)}
             ok, out = env.call(t, act.group(1), args, msgs - 1)
             messages.append({"role": "user", "content": f"Observation: {out[:800]}"})
+        if ended is not None:
+            break
+        m = re.search(r"\[tables?:\s*([^\]]*)\]", answer or "")
+        declared.append([x.strip() for x in m.group(1).split(",") if x.strip() in dlg.tables] if m else [])
         answers.append(answer)
+        last = answer
+    n = cfg.llm_turns if cfg.llm_turns < len(dlg.turns) else len(dlg.turns)
+    answers += [None] * (n - len(answers))          # turns never reached: unanswered, strict IC 0
+    declared += [[] for _ in range(n - len(declared))]
     # turns beyond llm_turns are not part of this trace
-    sub = Dialogue(dlg.folder, dlg.lang, dlg.topology, dlg.tables, dlg.turns[: cfg.llm_turns])
-    return Trace(sub, answers, declared, env.calls, msgs, tokens, {"messages": messages})
+    sub = Dialogue(dlg.folder, dlg.lang, dlg.topology, dlg.tables, dlg.turns[:n])
+    return Trace(sub, answers, declared, env.calls, msgs, tokens,
+                 {"messages": messages, "questions": questions, "truncations": truncations, "ended": ended})
+
+
+# ---------------------------------------------------------------------------- LLM user simulator
+_USER_SIM = {
+    "en": ("You are a business user talking to a data analyst about some tables. Rewrite the next question "
+           "in your own words as one short question. Keep every number, year and name exactly as written. "
+           "Reply with the question only."),
+    "zh": "你是与数据分析师讨论表格的业务用户。用你自己的话把下一个问题改写成一个简短的问题。"
+          "所有数字、年份和名称必须原样保留。只回复问题本身。",
+}
+
+
+def simulated_question(turn: Turn, last_answer: str | None, lang: str,
+                       chat: Callable[[list[dict[str, Any]]], Any]) -> tuple[str, bool]:
+    """The served model phrases the user's next question from the checklist item and the agent's last
+    answer (TableAgent-Bench's user agent). A paraphrase that drops or changes any number of the item
+    (a year, a threshold) would change the task, so it falls back to the item verbatim: (question, used)."""
+    prev = (last_answer or "-")[:300]
+    content = (f"Analyst's last answer: {prev}\nNext question: {turn.info_item}" if lang == "en" else
+               f"分析师上一次的回答：{prev}\n下一个问题：{turn.info_item}")
+    text = chat([{"role": "system", "content": _USER_SIM[lang]}, {"role": "user", "content": content}]).text.strip()
+    needed = sorted(extract_numbers(turn.info_item))
+    ok = (bool(text) and len(text) <= 3 * len(turn.info_item) + 40
+          and all(any(abs(v - w) < 1e-9 for w in extract_numbers(text)) for v in needed))
+    return (text, True) if ok else (turn.info_item, False)
+
+
+# ------------------------------------------------------------------------------------ LLM judge
+def point_fact(point: dict[str, Any], lang: str) -> str:
+    """A score point as the short fact a judge looks for."""
+    if point["kind"] == "number":
+        return f"{point['value']:.2f}" + ("%" if point.get("percent") else "")
+    if point["kind"] == "entity":
+        return str(point["aliases"][0 if lang == "en" else 1])
+    return TREND_WORDS[point["value"]][lang][0]
+
+
+def llm_judge_prompt(question: str, fact: str, answer: str) -> str:
+    # raw text scored by the log-likelihood of " yes" vs " no" (no sampling, deterministic)
+    return (f"Question: {question}\nReference fact: {fact}\nAnswer: {answer[:600]}\n"
+            "Does the answer state the reference fact (numbers within 0.1, same direction, same name)? "
+            "Reply yes or no.\nReply:")
+
+
+def llm_judge(llm: Any, items: list[tuple[str, str, str]]) -> list[bool]:
+    """The served model as TAEF's judge: per (question, fact, answer), yes iff log p(yes) > log p(no)."""
+    out = []
+    for q, fact, ans in items:
+        yes, no = llm.continuation_logprobs(llm_judge_prompt(q, fact, ans), [" yes", " no"])
+        out.append(bool(yes > no))
+    return out
+
+
+def judge_agreement(reference: list[bool], other: list[bool]) -> dict[str, Any]:
+    """Agreement and Cohen's κ of a judge against the reference verdicts."""
+    n = len(reference)
+    if n == 0:
+        return {"n": 0, "agreement": float("nan"), "kappa": float("nan")}
+    r, o = np.array(reference, bool), np.array(other, bool)
+    po = float(np.mean(r == o))
+    pe = float(r.mean() * o.mean() + (1 - r.mean()) * (1 - o.mean()))
+    kappa = (po - pe) / (1 - pe) if pe < 1 else float("nan")
+    return {"n": n, "agreement": po, "kappa": kappa, "reference_yes": int(r.sum()), "judge_yes": int(o.sum()),
+            "both_yes": int((r & o).sum()), "both_no": int((~r & ~o).sum())}
+
+
+def judge_items(traces: list[Trace], judge: Judge, rng: np.random.Generator,
+                n_max: int) -> tuple[list[tuple[str, str, str]], list[bool]]:
+    """(question, fact, answer) items from scripted traces with the reference judge's verdicts,
+    balanced between covered and not covered so κ is informative, at most ``n_max``."""
+    pos: list[tuple[str, str, str]] = []
+    neg: list[tuple[str, str, str]] = []
+    for tr in traces:
+        for t, turn in enumerate(tr.dialogue.turns):
+            ans = tr.answers[t]
+            if not ans:
+                continue
+            for p, h in zip(turn.score_points, judge(turn.score_points, ans), strict=True):
+                (pos if h else neg).append((turn.info_item, point_fact(p, tr.dialogue.lang), ans))
+    k = n_max // 2
+    pick = [(pos[i], True) for i in sorted(rng.permutation(len(pos))[:k])] + \
+           [(neg[i], False) for i in sorted(rng.permutation(len(neg))[: n_max - min(k, len(pos))])]
+    return [x for x, _ in pick], [h for _, h in pick]
 
 
 # ------------------------------------------------------------------------------------------ suite
-@register_suite("tableagent", version=2, config=Config,
+@register_suite("tableagent", version=3, config=Config,
                 null_method="the rule judge is replaced by one that credits every non-empty answer")
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     cfg = config
@@ -478,11 +630,12 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     dialogues = []
     for i in range(cfg.dialogues):
         ctx.progress(0.02 + 0.2 * i / cfg.dialogues, "generating TableWorld")
+        # i mod 2 and i mod 3 together cover every (language, topology) pair within six dialogues
         dialogues.append(generate_dialogue(world / f"dialogue_{i:03d}", rng, ("en", "zh")[i % 2],
-                                           ("chain", "fork_join")[(i // 2) % 2], cfg.years))
+                                           TOPOLOGIES[i % 3], cfg.years))
     manifest = [{"folder": d.folder.name, "lang": d.lang, "topology": d.topology, "tables": d.tables,
-                 "turns": [{"info_item": t.info_item, "related_tables": t.related_tables, "score_points": t.score_points}
-                           for t in d.turns]} for d in dialogues]
+                 "turns": [{"info_item": t.info_item, "related_tables": t.related_tables, "score_points": t.score_points,
+                            "parents": t.parents} for t in d.turns]} for d in dialogues]
     ctx.record_data("tableworld_manifest", json.dumps(manifest, sort_keys=True, ensure_ascii=False))
     ctx.save_json("tableworld_manifest.json", manifest)
 
@@ -492,10 +645,14 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
         return judge([point], answer)[0]
 
     checks: list[Check] = []
-    metrics: dict[str, Any] = {"scripted": {}}
+    metrics: dict[str, Any] = {"scripted": {}, "topologies": {t: sum(d.topology == t for d in dialogues)
+                                                             for t in TOPOLOGIES}}
+    scripted_traces: list[Trace] = []
     for j, kind in enumerate(SCRIPTED):
-        ctx.progress(0.25 + 0.3 * j / len(SCRIPTED), f"scripted agent {kind}")
-        scores = score_traces([scripted(d, kind, cfg.sandbox_timeout_s) for d in dialogues], judge)
+        ctx.progress(0.25 + 0.25 * j / len(SCRIPTED), f"scripted agent {kind}")
+        traces_k = [scripted(d, kind, cfg.sandbox_timeout_s) for d in dialogues]
+        scripted_traces += traces_k
+        scores = score_traces(traces_k, judge)
         metrics["scripted"][kind] = scores
         for key, exp in _expected(dialogues, kind).items():
             checks.append(check_close(f"{kind}_{key}", "hard", exp, scores[key], 1e-12))
@@ -526,22 +683,70 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     checks.append(check_equal("sandbox_run_pandas", "hard", str(expected_sum), sandbox_out))
 
     claims = []
-    uses_llm = cfg.llm_dialogues > 0
-    if uses_llm:
-        traces = []
-        for i, dlg in enumerate(dialogues[: cfg.llm_dialogues]):
-            ctx.progress(0.6 + 0.35 * i / cfg.llm_dialogues, f"served model as agent, dialogue {i}")
+    uses_llm = cfg.llm_dialogues > 0 or cfg.judge_items > 0
+    if cfg.judge_items > 0:
+        # the served model as TAEF's LLM judge, against the exact verdicts on the scripted traces
+        ctx.progress(0.5, "served model as judge on scripted traces")
+        items, reference_verdicts = judge_items(scripted_traces, judge, np.random.default_rng(seed + 1),
+                                                cfg.judge_items)
+        llm_verdicts = []
+        for k in range(0, len(items), 8):
+            ctx.progress(0.5 + 0.1 * k / len(items), "served model as judge on scripted traces")
+            llm_verdicts += llm_judge(ctx.llm, items[k:k + 8])
+        agreement = judge_agreement(reference_verdicts, llm_verdicts)
+        metrics["llm_judge"] = agreement
+        ctx.save_json("tableagent_llm_judge.json", [{"question": q, "fact": f, "answer": a, "reference": r, "llm": v}
+                                                    for (q, f, a), r, v in zip(items, reference_verdicts, llm_verdicts,
+                                                                               strict=True)])
+        claims.append(claim("llm_judge_agrees_with_exact_judge",
+                            "an LLM judge reproduces the exact verdicts (TAEF scores coverage with an LLM judge)",
+                            agreement["kappa"], ">=", 0.6,
+                            f"Cohen's κ of the served model (yes/no by log-likelihood) against the rule judge on "
+                            f"{agreement['n']} scripted (answer, point) pairs, balanced; agreement "
+                            f"{agreement['agreement']:.3f}"))
+    if cfg.llm_dialogues > 0:
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
 
-            def chat(m: list[dict[str, Any]], i: int = i) -> Any:
+        played = dialogues[: cfg.llm_dialogues]
+        done: list[int] = []
+        sim_used: list[bool] = []
+        lock = threading.Lock()
+        _ = ctx.llm            # built once here, not raced for by the dialogue threads
+
+        def play(i: int) -> Trace:
+            def chat(m: list[dict[str, Any]]) -> Any:
+                # the agent's one model call
                 ctx.check_cancelled()
                 return ctx.llm.chat(m, max_tokens=cfg.llm_max_tokens, temperature=0.0, seed=seed + i)
 
-            traces.append(llm_agent(dlg, chat, cfg))
+            def ask(turn: Turn, last: str | None) -> str:
+                q, used = simulated_question(turn, last, played[i].lang, lambda m: ctx.llm.chat(
+                    m, max_tokens=64, temperature=0.0, seed=seed + 1000 + i))
+                with lock:
+                    sim_used.append(used)
+                return q
+
+            tr = llm_agent(played[i], chat, cfg, ask if cfg.llm_user_simulator else None)
+            with lock:          # progress stays monotone across threads
+                done.append(i)
+                ctx.progress(0.6 + 0.35 * len(done) / len(played), f"served model as agent, {len(done)} dialogues done")
+            return tr
+
+        with ThreadPoolExecutor(min(cfg.llm_parallel, len(played))) as pool:
+            traces = list(pool.map(play, range(len(played))))
         served = score_traces(traces, judge)
+        served["by_topology_ic_micro_strict"] = {
+            t: score_traces([tr for tr in traces if tr.dialogue.topology == t], judge)["ic_micro_strict"]
+            for t in TOPOLOGIES if any(tr.dialogue.topology == t for tr in traces)}
+        served["user_simulator_paraphrased"] = float(np.mean(sim_used)) if sim_used else float("nan")
+        served["truncations"] = sum(tr.meta["truncations"] for tr in traces)
+        served["ended_by_context"] = sum(tr.meta["ended"] == "context" for tr in traces)
+        served["tool_calls_parsed"] = sum(len(tr.calls) for tr in traces)
         metrics["served"] = served
         ctx.save_json("tableagent_served_traces.json",
-                      [{"folder": tr.dialogue.folder.name, "answers": tr.answers, "calls": tr.calls,
-                        "messages": tr.meta["messages"]} for tr in traces])
+                      [{"folder": tr.dialogue.folder.name, "topology": tr.dialogue.topology, "answers": tr.answers,
+                        "calls": tr.calls, **tr.meta} for tr in traces])
         claims.append(claim("served_agent_below_frontier", "multi-turn table agents stay far below full coverage: "
                             "the best leaderboard model covers 53.4 %", served["ic_micro_strict"], "<=", FRONTIER_IC,
                             "served model's strict micro IC"))

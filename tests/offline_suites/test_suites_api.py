@@ -73,7 +73,7 @@ async def test_run_lifecycle_over_the_api(client: httpx.AsyncClient, suite_setti
     assert "Did you mean: tableagent?" in err["message"]
     assert_openai_error(await client.post("/v1/suites/tableagent/runs", json={"config": {"dialogs": 2}}), 400,
                         "invalid_config")
-    body = {"preset": "smoke", "config": {"llm_dialogues": 0, "dialogues": 2}, "seed": 1}
+    body = {"preset": "smoke", "config": {"llm_dialogues": 0, "judge_items": 0, "dialogues": 2}, "seed": 1}
     r = await client.post("/v1/suites/tableagent/runs", json=body)
     assert r.status_code == 201, r.text
     run = r.json()
@@ -166,7 +166,7 @@ async def test_batch_cancelled_before_a_worker_takes_it(client: httpx.AsyncClien
 async def test_runs_list_pagination(client: httpx.AsyncClient, suite_settings: SuiteSettings) -> None:
     ids = []
     for seed in range(3):
-        r = await client.post("/v1/suites/tableagent/runs", json={"config": {"llm_dialogues": 0}, "seed": seed})
+        r = await client.post("/v1/suites/tableagent/runs", json={"config": {"llm_dialogues": 0, "judge_items": 0}, "seed": seed})
         ids.append(r.json()["id"])
         await asyncio.sleep(0.01)          # distinct creation times order the index
     page1 = (await client.get("/v1/runs", params={"limit": 2})).json()

@@ -20,7 +20,7 @@ def test_cli_list_and_run_prints_result_json_last(tmp_path: Path) -> None:
     assert ls.returncode == 0, ls.stderr
     assert {"cgm", "tableagent", "repsim", "powerlaw-cot", "fp-equivariance"} <= {s["name"] for s in json.loads(ls.stdout)}
     r = _nextguard("suites", "run", "tableagent", "--preset", "smoke", "--seed", "2",
-                   "--config", '{"llm_dialogues": 0, "dialogues": 2}', home=tmp_path)
+                   "--config", '{"llm_dialogues": 0, "judge_items": 0, "dialogues": 2}', home=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     body = json.loads(r.stdout.strip().splitlines()[-1])
     assert body["suite"] == "tableagent" and body["summary"]["hard_passed"] and body["provenance"]["seed"] == 2

@@ -4,6 +4,7 @@ burst workers, idempotent enqueue, retry bound, cancellation, a worker killed mi
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -50,6 +51,32 @@ async def test_burst_worker_runs_to_success(aredis: Any, suite_settings: SuiteSe
     assert rec["result"]["metrics"] == {"value": 7} and rec["result"]["summary"]["hard_passed"]
     assert (suite_settings.results_dir / rec["id"] / "value.json").read_text().strip().startswith("{")
 
+
+
+async def test_finished_runs_outlive_the_redis_record(aredis: Any, suite_settings: SuiteSettings) -> None:
+    """Checks, claims and provenance are on disk next to the artifacts (result.json, and the run record as
+    run.json); once the Redis hash has expired the store, and so GET /v1/runs/{id}, reads them from there."""
+    ok, _ = await submit_run(aredis, suite_settings, "qt-quick", "smoke", {"value": 5}, seed=0)
+    bad, _ = await submit_run(aredis, suite_settings, "qt-crash", "smoke", None, seed=0)
+    await _burst(suite_settings)
+    keys = Keys(suite_settings.key_prefix)
+    for run_id in (ok["id"], bad["id"]):
+        assert (suite_settings.results_dir / run_id / "run.json").is_file()
+        await aredis.delete(keys.run(run_id))           # what the TTL does after keep_runs_s
+    store = RunStore(aredis, keys, suite_settings.keep_runs_s, suite_settings.results_dir)
+    rec = await store.get(ok["id"])
+    assert rec is not None and rec["status"] == "succeeded" and rec["result"]["metrics"] == {"value": 5}
+    assert rec["result"]["checks"] and "provenance" in rec["result"] and "result.json" in rec["artifacts"]
+    on_disk = json.loads((suite_settings.results_dir / ok["id"] / "result.json").read_text())
+    assert on_disk["checks"] == rec["result"]["checks"]
+    failed = await store.get(bad["id"])
+    assert failed is not None and failed["status"] == "failed" and failed["error"]
+    # a failed run is queued again on resubmission, even when only its file remains
+    again, created = await submit_run(aredis, suite_settings, "qt-crash", "smoke", None, seed=0)
+    assert created and again["status"] == "queued"
+    # without a results dir (or for a name that is not a run id) nothing is read from disk
+    assert await RunStore(aredis, keys, suite_settings.keep_runs_s).get(ok["id"]) is None
+    assert await store.get("../" + ok["id"]) is None
 
 async def test_idempotent_enqueue(aredis: Any, suite_settings: SuiteSettings) -> None:
     a, ca = await submit_run(aredis, suite_settings, "qt-quick", "smoke", {"value": 2}, seed=0)

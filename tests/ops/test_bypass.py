@@ -721,7 +721,7 @@ async def test_suite_runs_reach_the_model_only_through_the_guard(tmp_path: Path,
     app, rt, s, engine = _tenant_jobs_app(tmp_path, redis_url, prefix, port)
     key_a, _ = await rt.keys.create("tenant-a")
     small = {"seq_len": 2, "vocab": 3, "hidden": 4, "lambdas": [1.0, 0.1], "reward_ns": [10, 20], "epochs": 2,
-             "batch": 4, "estimator_replicates": 4, "estimator_batch": 2, "audit_samples": 1, "audit_max_tokens": 8,
+             "batch": 4, "estimator_replicates": 4, "estimator_batch": 2, "audit_samples": 1, "audit_max_tokens": 8, "lm_steps": 0,
              "audit_professions": ["doctor", "forbidden trade"]}
     try:
         async with _Served(app, port), client(app, key_a) as a:

@@ -65,7 +65,7 @@ def redis_client(request: Request) -> Any:
 
 async def _store(request: Request) -> RunStore:
     s = suite_settings(request)
-    return RunStore(redis_client(request), Keys(s.key_prefix), s.keep_runs_s)
+    return RunStore(redis_client(request), Keys(s.key_prefix), s.keep_runs_s, s.results_dir)
 
 
 def quotas(request: Request) -> TenantQuotas:
