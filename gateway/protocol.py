@@ -7,10 +7,23 @@ Reference: https://platform.openai.com/docs/api-reference/chat and .../completio
 
 from __future__ import annotations
 
+import logging
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+log = logging.getLogger(__name__)
 
 # Each stop string is matched against the text at every step: a long one is the caller's cost paid by all.
 MAX_STOP_CHARS = 256
@@ -26,8 +39,51 @@ def _check_stop(v: str | list[str] | None) -> str | list[str] | None:
 
 
 class OpenAIBaseModel(BaseModel):
-    # Unknown request fields are accepted (clients send vendor extras) but never acted upon.
+    # Unknown request fields are accepted (clients send vendor extras) but never acted upon; request models
+    # log them (:meth:`RequestBase.ignored_fields`) and refuse the ones that would change the output.
     model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+# Request fields vLLM's OpenAI server acts on and this gateway does not. A client that sends one expects
+# it to change the output, so it is refused with a 400 naming it rather than dropped; ``test_protocol``
+# keeps this list in step with vLLM's own request models.
+VLLM_ONLY_FIELDS = frozenset({
+    "add_generation_prompt", "add_special_tokens", "allowed_token_ids", "bad_words", "cache_salt",
+    "chat_template", "chat_template_kwargs", "continue_final_message", "documents", "ec_transfer_params", "echo",
+    "include_reasoning", "include_stop_str_in_output", "kv_transfer_params", "length_penalty",
+    "logits_processors", "logprob_token_ids", "media_io_kwargs", "min_p", "mm_payload", "mm_processor_kwargs",
+    "priority", "prompt_embeds", "prompt_logprobs", "reasoning_effort", "repetition_detection",
+    "repetition_penalty", "request_id", "response_format", "return_mm_kwargs", "return_prompt_text",
+    "return_token_ids", "return_token_offsets", "return_tokens_as_token_ids", "routed_experts_prompt_start",
+    "session_id", "skip_special_tokens", "spaces_between_special_tokens", "stop_token_ids", "stream_interval",
+    "structured_outputs", "thinking_token_budget", "top_k", "truncate_prompt_tokens", "truncation_side",
+    "use_beam_search", "vllm_xargs", "watermarking",
+    # names older vLLM servers took for structured outputs
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+    "guided_whitespace_pattern",
+})
+# OpenAI fields that would change the output and that this gateway does not serve.
+OPENAI_UNSERVED_FIELDS = frozenset({
+    "audio", "functions", "function_call", "modalities", "prediction", "web_search_options", "verbosity",
+})
+UNSERVED_HINTS = {
+    "functions": "send 'tools' instead",
+    "function_call": "send 'tool_choice' instead",
+    "guided_json": "send response_format {'type': 'json_schema', ...} instead",
+    "structured_outputs": "send response_format {'type': 'json_schema', ...} instead",
+}
+
+
+class RequestBase(OpenAIBaseModel):
+    """What request models share: the fields sent that this gateway will not act on."""
+
+    def unserved_fields(self) -> list[str]:
+        """Extra fields that would change the output (vLLM's or OpenAI's): the caller refuses them."""
+        return sorted(k for k in (self.model_extra or {}) if k in VLLM_ONLY_FIELDS | OPENAI_UNSERVED_FIELDS)
+
+    def ignored_fields(self) -> list[str]:
+        """Extra fields that change nothing here (vendor metadata): logged, as vLLM does, and dropped."""
+        return sorted(k for k in (self.model_extra or {}) if k not in VLLM_ONLY_FIELDS | OPENAI_UNSERVED_FIELDS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,10 +152,34 @@ class ContentPart(OpenAIBaseModel):
     text: str
 
 
+FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+class FunctionCall(OpenAIBaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(OpenAIBaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(OpenAIBaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None      # assistant turns
+    # tool turns: the call this result answers (optional, as in vLLM: a template without tool support
+    # does not use it)
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"'tool_calls' is only allowed on assistant messages, not on '{self.role}' messages")
+        return self
 
     def text(self) -> str:
         if self.content is None:
@@ -109,7 +189,72 @@ class ChatMessage(OpenAIBaseModel):
         return "".join(p.text for p in self.content)
 
 
-class ChatCompletionRequest(OpenAIBaseModel):
+class FunctionDefinition(OpenAIBaseModel):
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type", "object") != "object":
+            raise ValueError("a function's 'parameters' must be a JSON schema of type 'object'")
+        return v
+
+
+class ChatTool(OpenAIBaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIBaseModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIBaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ResponseFormatText(OpenAIBaseModel):
+    type: Literal["text"]
+
+
+class ResponseFormatJSONObject(OpenAIBaseModel):
+    type: Literal["json_object"]
+
+
+class JSONSchemaFormat(OpenAIBaseModel):
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    description: str | None = None
+    # ``schema`` would shadow BaseModel.schema(); the wire name is kept through the alias
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormatJSONSchema(OpenAIBaseModel):
+    type: Literal["json_schema"]
+    json_schema: JSONSchemaFormat
+
+
+ResponseFormat = Annotated[
+    ResponseFormatText | ResponseFormatJSONObject | ResponseFormatJSONSchema, Field(discriminator="type")
+]
+
+
+def _check_logit_bias(v: dict[str, float] | None) -> dict[str, float] | None:
+    for k, bias in (v or {}).items():
+        try:
+            int(k)
+        except ValueError:
+            raise ValueError(f"'logit_bias' keys are token ids (integers as strings); got '{k}'") from None
+        if not -100 <= bias <= 100:
+            raise ValueError(f"'logit_bias' values must be between -100 and 100; got {bias} for token {k}")
+    return v
+
+
+class ChatCompletionRequest(RequestBase):
     messages: list[ChatMessage] = Field(min_length=1)
     model: str
     frequency_penalty: float | None = Field(default=0.0, ge=-2, le=2)
@@ -119,16 +264,17 @@ class ChatCompletionRequest(OpenAIBaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     n: int | None = Field(default=1, ge=1, le=16)
+    parallel_tool_calls: bool | None = None
     presence_penalty: float | None = Field(default=0.0, ge=-2, le=2)
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=1.0, ge=0, le=2)
     top_p: float | None = Field(default=1.0, gt=0, le=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tools: list[ChatTool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     user: str | None = None
     # --- nextguard extensions ---
     guard: GuardOverrides | None = Field(default=None, description="Per-request guard policy overrides.")
@@ -140,17 +286,48 @@ class ChatCompletionRequest(OpenAIBaseModel):
     def _stop_list(cls, v: str | list[str] | None) -> str | list[str] | None:
         return _check_stop(v)
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        return _check_logit_bias(v)
+
+    @field_validator("response_format", mode="wrap")
+    @classmethod
+    def _response_format(cls, v: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # one error naming the sub-field, without the union's tag that pydantic puts in the path
+        try:
+            return handler(v)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"][1:])
+            raise ValueError(f"{where + ': ' if where else ''}{err['msg']}") from None
+
     @model_validator(mode="after")
     def _checks(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and self.top_logprobs > 0 and not self.logprobs:
             raise ValueError("'top_logprobs' requires 'logprobs' to be true")
         if self.stream_options is not None and not self.stream:
             raise ValueError("'stream_options' is only allowed when 'stream' is true")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise ValueError("only response_format {'type': 'text'} is supported")
-        if self.tools:
-            raise ValueError("'tools' are not supported by this deployment")
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            raise ValueError("'tool_choice' is only allowed when 'tools' are specified")
+        if self.parallel_tool_calls is not None and not self.tools:
+            raise ValueError("'parallel_tool_calls' is only allowed when 'tools' are specified")
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("function names in 'tools' must be unique")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise ValueError(
+                f"'tool_choice' names the function '{self.tool_choice.function.name}', which is not in 'tools' "
+                f"(available: {', '.join(names)})"
+            )
+        if self.json_output() and self.tools and self.tool_choice != "none":
+            # both constrain the same output; one constraint per request
+            raise ValueError("'response_format' of type json_object or json_schema cannot be combined with "
+                             "'tools' (unless 'tool_choice' is 'none')")
         return self
+
+    def json_output(self) -> bool:
+        return isinstance(self.response_format, ResponseFormatJSONObject | ResponseFormatJSONSchema)
 
 
 class TopLogprob(OpenAIBaseModel):
@@ -174,6 +351,14 @@ class AssistantMessage(OpenAIBaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _null_content(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # responses are dumped without None fields, but OpenAI sends `"content": null` beside tool calls
+        out: dict[str, Any] = handler(self)
+        out.setdefault("content", None)
+        return out
 
 
 class ChatChoice(OpenAIBaseModel):
@@ -195,9 +380,22 @@ class ChatCompletion(OpenAIBaseModel):
     system_fingerprint: str | None = None
 
 
+class DeltaFunctionCall(OpenAIBaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(OpenAIBaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+
 class DeltaMessage(OpenAIBaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(OpenAIBaseModel):
@@ -223,7 +421,7 @@ class ChatCompletionChunk(OpenAIBaseModel):
 
 # ---------------------------------------------------------------------------------------------
 # legacy completions — https://platform.openai.com/docs/api-reference/completions/create
-class CompletionRequest(OpenAIBaseModel):
+class CompletionRequest(RequestBase):
     model: str
     prompt: str | list[str] | list[int] | list[list[int]]
     best_of: int | None = None
@@ -246,6 +444,11 @@ class CompletionRequest(OpenAIBaseModel):
     guard: GuardOverrides | None = Field(default=None, description="Per-request guard policy overrides.")
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        return _check_logit_bias(v)
 
     @model_validator(mode="after")
     def _checks(self) -> CompletionRequest:

@@ -45,6 +45,13 @@ class InferenceSettings(BaseModel):
         ),
     )
     log_stats: bool = Field(default=True, description="Keep vLLM's `vllm:*` Prometheus metrics.")
+    tool_call_parser: str = Field(
+        default="hermes",
+        description=(
+            "vLLM tool parser (as vLLM's --tool-call-parser) that reads the model's tool calls back out of its "
+            "text; a chat template without tool support is shown the tools in the Hermes format, which 'hermes' reads."
+        ),
+    )
     pbs: PBSSettings = Field(default_factory=PBSSettings, description="Prefill attention: dense or PBS-Attn.")
 
     @field_validator("model")

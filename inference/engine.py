@@ -15,6 +15,15 @@ class EngineError(RuntimeError):
     """The engine failed while serving a request (raised from ``generate``)."""
 
 
+class InvalidOptionsError(ValueError):
+    """The engine refuses these sampling options (a schema it cannot compile, a token id outside the
+    vocabulary). ``param`` names what is wrong in the options' terms: ``structured``, ``logit_bias``, …"""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class PromptTooLongError(ValueError):
     """The prompt plus requested tokens do not fit the model context."""
 
@@ -42,8 +51,21 @@ class EngineClient(Protocol):
     @property
     def ready(self) -> bool: ...
 
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> list[int]:
-        """Render chat messages with the model's chat template and tokenize them."""
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """Render chat messages with the model's chat template and tokenize them. ``tools`` (OpenAI function
+        tools) reach the model through the template, or, where it has no tool support, through a system
+        prompt in the format the model card's tool-call parser reads back (:mod:`inference.tool_calls`)."""
+        ...
+
+    def check_options(self, options: SamplingOptions) -> None:
+        """Raise :class:`InvalidOptionsError` where ``generate`` would refuse ``options``, so that a caller
+        can refuse a request before it starts streaming."""
         ...
 
     def generate(self, prompt_token_ids: list[int], options: SamplingOptions, request_id: str) -> AsyncIterator[TokenDelta]:

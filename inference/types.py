@@ -7,9 +7,22 @@ everything above it (gateway, guard, suites) speaks in these types.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on what the engine may generate (vLLM's structured outputs): a JSON schema the output
+    must match, or any JSON object. Exactly one is set."""
+
+    json_schema: dict[str, Any] | None = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.json_schema is not None) == self.json_object:
+            raise ValueError("a StructuredOutput sets exactly one of 'json_schema' and 'json_object'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +41,8 @@ class SamplingOptions:
     frequency_penalty: float = 0.0
     ignore_eos: bool = False
     min_tokens: int = 0
+    structured: StructuredOutput | None = None
+    logit_bias: dict[int, float] | None = None   # token id -> added to its logit at every step
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +74,18 @@ class TokenDelta:
     # Per-token scores a downstream monitor attached to exactly these tokens (same order); the engine
     # never sets it. Lets clients see why a stream was (or was not) cut.
     scores: list[float] | None = None
+    # Complete tool calls that a downstream tool-call stage found in the text of these tokens (then ``text``
+    # is only the text outside the calls); the engine never sets it.
+    tool_calls: list[ToolCall] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One function call the model made: its name and its arguments as JSON text (as OpenAI sends them)."""
+
+    id: str
+    name: str
+    arguments: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +98,5 @@ class ModelCard:
     created: int
     owned_by: str = "nextguard"
     aliases: tuple[str, ...] = field(default_factory=tuple)
+    # vLLM tool parser (``--tool-call-parser`` name) that reads this model's calls back out of its text
+    tool_call_parser: str = "hermes"

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from inference.config import InferenceSettings
-from inference.engine import EngineError, PromptTooLongError
-from inference.types import ModelCard, SamplingOptions, TokenDelta, TokenLogprob
+from inference.engine import EngineError, InvalidOptionsError, PromptTooLongError
+from inference.types import ModelCard, SamplingOptions, StructuredOutput, TokenDelta, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,8 @@ class VLLMEngineClient:
             **_scheduler_args(settings, on_cpu=_on_cpu()),
         )
         engine = AsyncLLM.from_engine_args(args)
-        card = ModelCard(id=name, root=source, max_model_len=engine.model_config.max_model_len, created=int(time.time()))
+        card = ModelCard(id=name, root=source, max_model_len=engine.model_config.max_model_len, created=int(time.time()),
+                         tool_call_parser=settings.tool_call_parser)
         return cls(engine, card, engine.get_tokenizer())
 
     # -- EngineClient -------------------------------------------------------------------------
@@ -104,14 +105,41 @@ class VLLMEngineClient:
         return not self._engine.errored
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> list[int]:
+        kwargs: dict[str, Any] = {}
+        if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+            from inference.tool_calls import render_messages, template_supports_tools
+
+            native = template_supports_tools(self._tokenizer)
+            messages = render_messages(messages, tools, native=native)
+            if native and tools:
+                kwargs["tools"] = list(tools)
         ids = self._tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=add_generation_prompt, tokenize=True
+            list(messages), add_generation_prompt=add_generation_prompt, tokenize=True, **kwargs
         )
         if isinstance(ids, dict) or hasattr(ids, "keys"):      # transformers 5 returns a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
+
+    def check_options(self, options: SamplingOptions) -> None:
+        # The checks vLLM runs when a request is added (schema compiles, token ids in the vocabulary), run
+        # here on a throw-away copy so that a bad request is refused before its stream starts.
+        if options.structured is None and not options.logit_bias:
+            return
+        params = _sampling_params(options, self._card.max_model_len)
+        cfg = self._engine.vllm_config
+        try:
+            params.verify(self._engine.model_config, cfg.speculative_config, cfg.structured_outputs_config,
+                          self._tokenizer)
+        except ValueError as e:
+            # VLLMValidationError names the parameter; its str() would append the (possibly huge) value
+            param = "logit_bias" if getattr(e, "parameter", None) == "logit_bias" else "structured"
+            raise InvalidOptionsError(str(e.args[0]) if e.args else type(e).__name__, param=param) from e
 
     def num_running(self) -> int:
         if self._engine.errored:
@@ -215,8 +243,20 @@ def _sampling_params(o: SamplingOptions, room: int) -> Any:
         presence_penalty=o.presence_penalty,
         frequency_penalty=o.frequency_penalty,
         ignore_eos=o.ignore_eos,
+        logit_bias=dict(o.logit_bias) if o.logit_bias else None,
+        structured_outputs=_structured(o.structured),
         output_kind=RequestOutputKind.DELTA,
     )
+
+
+def _structured(s: StructuredOutput | None) -> Any:
+    if s is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if s.json_object:
+        return StructuredOutputsParams(json_object=True)
+    return StructuredOutputsParams(json=s.json_schema)
 
 
 def _decode(tokenizer: Any, token_id: int, lp: Any) -> str:

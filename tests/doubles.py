@@ -9,7 +9,7 @@ from typing import Any
 
 from guard.api import FeatureActivation, GuardPolicy, SafetyCut
 from guard.text import Conversation, conversation_text
-from inference.engine import EngineError
+from inference.engine import EngineError, InvalidOptionsError
 from inference.types import ModelCard, SamplingOptions, TokenDelta, TokenLogprob
 
 
@@ -43,8 +43,10 @@ class ScriptedEngine:
     delay: float = 0.0
     max_model_len: int = 512
     card_id: str = "scripted"
+    vocab_size: int = 0x110000
     aborted: list[str] = field(default_factory=list)
     requests: list[tuple[list[int], SamplingOptions, str]] = field(default_factory=list)
+    templated: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = field(default_factory=list)
     _running: set[str] = field(default_factory=set)
 
     @property
@@ -59,8 +61,22 @@ class ScriptedEngine:
     def ready(self) -> bool:
         return True
 
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> list[int]:
-        return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt)  # type: ignore[no-any-return]
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
+                            tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        self.templated.append((list(messages), list(tools) if tools is not None else None))
+        msgs = [{**m, "content": m.get("content") or ""} for m in messages]
+        if tools:
+            msgs.insert(0, {"role": "tools", "content": ",".join(t["function"]["name"] for t in tools)})
+        return self.tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt)  # type: ignore[no-any-return]
+
+    def check_options(self, options: SamplingOptions) -> None:
+        """Refuses what the scripted tests name as invalid: a schema with ``"invalid": true`` at its top,
+        a logit bias on a token id past ``vocab_size``."""
+        s = options.structured
+        if s is not None and s.json_schema is not None and s.json_schema.get("invalid"):
+            raise InvalidOptionsError("scripted: the schema does not compile", param="structured")
+        if options.logit_bias and max(options.logit_bias) >= self.vocab_size:
+            raise InvalidOptionsError("scripted: token id out of vocabulary", param="logit_bias")
 
     def num_running(self) -> int:
         return len(self._running)

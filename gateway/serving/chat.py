@@ -4,9 +4,11 @@ Only ``gateway.sse`` turns the chunk objects into bytes."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.errors import OpenAIError, bad_request
 from gateway.protocol import (
@@ -19,6 +21,9 @@ from gateway.protocol import (
     ChatTokenLogprob,
     ChoiceLogprobs,
     DeltaMessage,
+    NamedToolChoice,
+    ResponseFormatJSONObject,
+    ResponseFormatJSONSchema,
     SafetyInfo,
     TopLogprob,
     Usage,
@@ -26,7 +31,9 @@ from gateway.protocol import (
 from gateway.serving.common import (
     ServingBase,
     StreamStats,
+    check_fields,
     check_model,
+    check_options,
     check_prompt_len,
     choice_options,
     choice_stream,
@@ -34,9 +41,13 @@ from gateway.serving.common import (
     new_id,
     stop_tuple,
 )
+from gateway.serving.tools import delta_call, tool_call_stage, wire_calls
 from guard.api import GuardFailure, GuardPolicy, SafetyCut
 from guard.text import Conversation
-from inference.types import SamplingOptions, TokenDelta, TokenLogprob
+from inference.engine import EngineClient, InvalidOptionsError
+from inference.tool_calls import ToolCallReader, ToolSpec, call_text, tool_spec
+from inference.types import SamplingOptions, StructuredOutput, TokenDelta, TokenLogprob
+from inference.types import ToolCall as EngineToolCall
 
 
 @dataclass(slots=True)
@@ -54,12 +65,45 @@ class PreparedChat:
     include_scores: bool = False
     threshold: float | None = None
     guard_fail_open: list[GuardFailure] = field(default_factory=list)   # prompt gate, failed open
+    tools: ToolSpec | None = None       # tool calls are read out of each choice's text
 
 
 def guard_conversation(req: ChatCompletionRequest) -> Conversation:
     """Every message the model reads, in order (system, developer and tool messages and earlier turns too):
-    the guard formats it with :mod:`guard.text`, the one format its monitors were fitted on."""
-    return tuple((m.role, m.text()) for m in req.messages)
+    the guard formats it with :mod:`guard.text`, the one format its monitors were fitted on. Earlier calls
+    are read as the text the model wrote them in, tool results as the tool turn's content."""
+    return tuple((m.role, _turn_text(m)) for m in req.messages)
+
+
+def _turn_text(m: Any) -> str:
+    calls = "\n".join(call_text(c.function.name, c.function.arguments) for c in m.tool_calls or [])
+    text = m.text()
+    return f"{text}\n{calls}" if text and calls else text or calls
+
+
+def structured_output(req: ChatCompletionRequest, tools: ToolSpec | None) -> StructuredOutput | None:
+    if tools is not None and tools.schema is not None:
+        return StructuredOutput(json_schema=tools.schema)
+    rf = req.response_format
+    if isinstance(rf, ResponseFormatJSONSchema):
+        return StructuredOutput(json_schema=rf.json_schema.schema_)
+    if isinstance(rf, ResponseFormatJSONObject):
+        return StructuredOutput(json_object=True)
+    return None
+
+
+def engine_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The messages as the engine's chat template takes them: developer turns as system turns; calls and
+    the ids that tie results to them kept as OpenAI sends them (the engine renders them for its model)."""
+    out: list[dict[str, Any]] = []
+    for m in req.messages:
+        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        if m.tool_calls:
+            d["tool_calls"] = [c.model_dump(exclude_none=True) for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        out.append(d)
+    return out
 
 
 def chat_logprobs(lps: list[TokenLogprob] | None) -> ChoiceLogprobs | None:
@@ -87,12 +131,19 @@ class ServingChat(ServingBase):
         self, req: ChatCompletionRequest, tenant_policy: GuardPolicy | None = None, allow_disable: bool | None = None
     ) -> PreparedChat:
         engine = check_model(self.engine, req.model)
+        check_fields(req)
         # overrides first: a refused one costs no tokenising
         policy = self.resolve_policy(req.guard, tenant_policy, allow_disable)
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+        tools = self._tool_spec(req, engine)
+        messages = engine_messages(req)
         n_chars = sum(len(m["content"]) for m in messages)
+        render: Any = engine.apply_chat_template
+        if tools is not None or any("tool_calls" in m or m["role"] == "tool" for m in messages):
+            # only then: a template call without tools stays the plain one every engine double takes
+            tool_defs = [t.model_dump(exclude_none=True) for t in req.tools or []] if tools is not None else None
+            render = functools.partial(engine.apply_chat_template, tools=tool_defs)
         try:
-            prompt_ids = await self.limits.off_loop(n_chars, engine.apply_chat_template, messages)
+            prompt_ids = await self.limits.off_loop(n_chars, render, messages)
         except Exception as e:  # template errors are the caller's message shape, not a server fault
             raise bad_request(f"Could not apply the chat template to 'messages': {e}", param="messages") from e
         max_tokens = req.max_completion_tokens or req.max_tokens
@@ -110,7 +161,10 @@ class ServingChat(ServingBase):
             frequency_penalty=req.frequency_penalty or 0.0,
             ignore_eos=req.ignore_eos,
             min_tokens=req.min_tokens,
+            structured=structured_output(req, tools),
+            logit_bias={int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
         )
+        check_options(engine, options, "tools" if tools is not None and tools.schema is not None else "response_format")
         conversation = guard_conversation(req)
         fail_open = await self.check_prompt(conversation, policy)
         include_scores = bool(req.guard and req.guard.include_scores and self.guard is not None and policy.enabled)
@@ -129,11 +183,23 @@ class ServingChat(ServingBase):
             n=req.n or 1,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             want_logprobs=want_logprobs,
+            tools=tools,
         )
+
+    @staticmethod
+    def _tool_spec(req: ChatCompletionRequest, engine: EngineClient) -> ToolSpec | None:
+        if not req.tools:
+            return None
+        choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
+        try:
+            return tool_spec([t.model_dump(exclude_none=True) for t in req.tools], choice, req.parallel_tool_calls,
+                             engine.model_card.tool_call_parser)
+        except InvalidOptionsError as e:
+            raise bad_request(str(e), param=e.param or "tools", code="invalid_value") from e
 
     def _streams(self, p: PreparedChat, stats: StreamStats) -> list[AsyncIterator[TokenDelta | SafetyCut]]:
         assert self.engine is not None
-        return [
+        streams = [
             choice_stream(
                 self.engine,
                 self.guard,
@@ -146,6 +212,10 @@ class ServingChat(ServingBase):
             )
             for i in range(p.n)
         ]
+        if p.tools is None:
+            return streams
+        tokenizer = self.engine.tokenizer
+        return [tool_call_stage(s, ToolCallReader(p.tools, tokenizer)) for s in streams]
 
     async def stream(self, p: PreparedChat, stats: StreamStats) -> AsyncIterator[ChatCompletionChunk]:
         """Chunk objects for one streamed request (role first, content, finish, optional usage)."""
@@ -170,25 +240,36 @@ class ServingChat(ServingBase):
                 )
                 continue
             stats.on_tokens(len(item.token_ids))
-            finish = _finish(item)
+            finish = _finish(item, p.tools)
             if finish:
                 stats.finish_reasons.append(finish)
+            calls = item.tool_calls or []
             # a delta can carry tokens without text (an incomplete UTF-8 sequence); it still goes out when it
             # carries something the client asked for (logprobs, per-token risk)
-            if not item.text and not finish and not (p.want_logprobs and item.logprobs) and not (p.include_scores and item.scores):
-                continue
-            yield chunk(
-                [
-                    ChatChunkChoice(
-                        index=i,
-                        delta=DeltaMessage(content=item.text) if item.text else DeltaMessage(),
-                        logprobs=chat_logprobs(item.logprobs) if p.want_logprobs else None,
-                        finish_reason=finish,  # type: ignore[arg-type]
-                        risk=item.scores if p.include_scores else None,
-                        threshold=p.threshold if p.include_scores else None,
-                    )
-                ]
-            )
+            if item.text or (finish and not calls) or (p.want_logprobs and item.logprobs) or (p.include_scores and item.scores):
+                yield chunk(
+                    [
+                        ChatChunkChoice(
+                            index=i,
+                            delta=DeltaMessage(content=item.text) if item.text else DeltaMessage(),
+                            logprobs=chat_logprobs(item.logprobs) if p.want_logprobs else None,
+                            finish_reason=None if calls else finish,  # type: ignore[arg-type]
+                            risk=item.scores if p.include_scores else None,
+                            threshold=p.threshold if p.include_scores else None,
+                        )
+                    ]
+                )
+            for k, call in enumerate(calls):
+                last = k == len(calls) - 1
+                yield chunk(
+                    [
+                        ChatChunkChoice(
+                            index=i,
+                            delta=DeltaMessage(tool_calls=[delta_call(k, call)]),
+                            finish_reason=finish if last else None,  # type: ignore[arg-type]
+                        )
+                    ]
+                )
         if p.include_usage:
             u = Usage(
                 prompt_tokens=stats.prompt_tokens,
@@ -201,6 +282,7 @@ class ServingChat(ServingBase):
         stats.prompt_tokens = len(p.prompt_ids)
         stats.guard_fail_open.extend(p.guard_fail_open)
         texts = [""] * p.n
+        calls: list[list[EngineToolCall]] = [[] for _ in range(p.n)]
         lps: list[list[TokenLogprob]] = [[] for _ in range(p.n)]
         finish: list[str | None] = [None] * p.n
         safety: list[SafetyInfo | None] = [None] * p.n
@@ -212,15 +294,19 @@ class ServingChat(ServingBase):
                 continue
             stats.on_tokens(len(item.token_ids))
             texts[i] += item.text
+            calls[i].extend(item.tool_calls or [])
             if item.logprobs:
                 lps[i].extend(item.logprobs)
             if item.finish_reason:
-                finish[i] = _finish(item)
+                finish[i] = _finish(item, p.tools)
         stats.finish_reasons.extend(f for f in finish if f)
         choices = [
             ChatChoice(
                 index=i,
-                message=AssistantMessage(content=texts[i]),
+                message=AssistantMessage(
+                    content=texts[i] if texts[i] or not calls[i] else None,
+                    tool_calls=wire_calls(calls[i]) or None,
+                ),
                 logprobs=chat_logprobs(lps[i]) if p.want_logprobs else None,
                 finish_reason=finish[i] or "stop",  # type: ignore[arg-type]
                 safety=safety[i],
@@ -235,9 +321,12 @@ class ServingChat(ServingBase):
         return ChatCompletion(id=p.id, created=p.created, model=p.model, choices=choices, usage=usage)
 
 
-def _finish(item: TokenDelta) -> str | None:
+def _finish(item: TokenDelta, tools: ToolSpec | None = None) -> str | None:
     if item.finish_reason is None:
         return None
+    if item.finish_reason == "stop" and item.tool_calls and tools is not None and tools.mode != "named":
+        # as OpenAI: "tool_calls" where the model chose to call (auto, required), "stop" for a named function
+        return "tool_calls"
     if item.finish_reason in ("stop", "length"):
         return item.finish_reason
     # We stop reading a choice before our own aborts (cut, disconnect) can surface here, so an "abort" or

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -14,10 +15,13 @@ from typing import Any, TypeVar
 
 from gateway import metrics
 from gateway.errors import OpenAIError, bad_request, not_found, not_ready
+from gateway.protocol import UNSERVED_HINTS, RequestBase
 from guard.api import FAIL_OPEN_SINK, GuardBusy, GuardFailure, GuardPolicy, SafetyCut, StreamGuard
 from guard.text import Conversation
-from inference.engine import EngineClient, EngineError, PromptTooLongError
+from inference.engine import EngineClient, EngineError, InvalidOptionsError, PromptTooLongError
 from inference.types import SamplingOptions, TokenDelta
+
+log = logging.getLogger(__name__)
 
 Item = TokenDelta | SafetyCut
 T = TypeVar("T")
@@ -65,6 +69,31 @@ def check_model(engine: EngineClient | None, model: str) -> EngineClient:
             f"The model '{model}' does not exist. Available: {card.id}", param="model", code="model_not_found"
         )
     return engine
+
+
+def check_fields(req: RequestBase) -> None:
+    """400 for a field that would change the output and that this gateway does not act on; the rest of
+    the unknown fields are logged and dropped, as vLLM's server does."""
+    unserved = req.unserved_fields()
+    if unserved:
+        name = unserved[0]
+        hint = UNSERVED_HINTS.get(name, "remove it")
+        raise bad_request(f"'{name}' is not supported by this gateway; {hint}.", param=name, code="unsupported_parameter")
+    ignored = req.ignored_fields()
+    if ignored:
+        log.warning("The following fields were present in the request but ignored: %s", ignored)
+
+
+def check_options(engine: EngineClient, options: SamplingOptions, structured_param: str) -> None:
+    """What the engine would refuse once streaming started (a schema it cannot compile, a token id outside
+    the vocabulary) is refused now, as a 400 naming the request field."""
+    if options.structured is None and not options.logit_bias:
+        return
+    try:
+        engine.check_options(options)
+    except InvalidOptionsError as e:
+        param = structured_param if e.param == "structured" else "logit_bias"
+        raise bad_request(f"Invalid '{param}': {e}", param=param, code="invalid_value") from e
 
 
 def stop_tuple(stop: str | list[str] | None) -> tuple[str, ...]:

@@ -21,7 +21,9 @@ from gateway.serving.chat import _finish
 from gateway.serving.common import (
     ServingBase,
     StreamStats,
+    check_fields,
     check_model,
+    check_options,
     check_prompt_len,
     choice_options,
     choice_stream,
@@ -103,6 +105,7 @@ class ServingCompletion(ServingBase):
         self, req: CompletionRequest, tenant_policy: GuardPolicy | None = None, allow_disable: bool | None = None
     ) -> PreparedCompletion:
         engine = check_model(self.engine, req.model)
+        check_fields(req)
         # overrides first: a refused one costs no tokenising
         policy = self.resolve_policy(req.guard, tenant_policy, allow_disable)
         raw = _prompt_list(req.prompt)
@@ -126,7 +129,9 @@ class ServingCompletion(ServingBase):
             frequency_penalty=req.frequency_penalty or 0.0,
             ignore_eos=req.ignore_eos,
             min_tokens=req.min_tokens,
+            logit_bias={int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
         )
+        check_options(engine, options, "logit_bias")
         fail_open: list[GuardFailure] = []
         for _, text in prompts:
             fail_open += await self.check_prompt(user(text), policy)

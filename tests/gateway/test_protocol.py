@@ -87,3 +87,44 @@ def test_completion_request_rules() -> None:
         CompletionRequest.model_validate({"model": "m", "prompt": "x", "max_tokens": 0})
     with pytest.raises(ValidationError):
         CompletionRequest.model_validate({"model": "m", "prompt": []})
+
+
+def test_tool_call_shapes_parse_as_openai_objects() -> None:
+    from gateway.protocol import DeltaFunctionCall, DeltaToolCall, FunctionCall, ToolCall
+
+    call = ToolCall(id="call_1", function=FunctionCall(name="f", arguments='{"a": 1}'))
+    cc = ChatCompletion(id="x", model="m", choices=[ChatChoice(index=0, message=AssistantMessage(tool_calls=[call]), finish_reason="tool_calls")])
+    dumped = cc.model_dump(exclude_none=True)
+    assert dumped["choices"][0]["message"]["content"] is None, "OpenAI sends null content beside tool calls"
+    parsed = OAIChatCompletion.model_validate_json(cc.model_dump_json(exclude_none=True))
+    assert parsed.choices[0].message.tool_calls is not None
+    assert parsed.choices[0].message.tool_calls[0].function.arguments == '{"a": 1}'  # type: ignore[union-attr]
+    delta = DeltaMessage(tool_calls=[DeltaToolCall(index=0, id="call_1", type="function", function=DeltaFunctionCall(name="f", arguments="{}"))])
+    chunk = ChatCompletionChunk(id="c", created=1, model="m", choices=[ChatChunkChoice(index=0, delta=delta, finish_reason="tool_calls")])
+    oai = OAIChunk.model_validate_json(chunk.model_dump_json(exclude_none=True))
+    assert oai.choices[0].delta.tool_calls is not None and oai.choices[0].delta.tool_calls[0].function.name == "f"  # type: ignore[union-attr]
+
+
+def test_every_vllm_request_field_is_ours_or_refused() -> None:
+    """vLLM's server acts on these fields; a client sending one to us must get it honoured or a 400,
+    never a silent drop. Fails when a vLLM upgrade adds a field neither served nor listed."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as VChat
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest as VCompletion
+
+    from gateway.protocol import OPENAI_UNSERVED_FIELDS, VLLM_ONLY_FIELDS
+
+    for ours, theirs in ((ChatCompletionRequest, VChat), (CompletionRequest, VCompletion)):
+        missing = set(theirs.model_fields) - set(ours.model_fields) - VLLM_ONLY_FIELDS - OPENAI_UNSERVED_FIELDS - {"user"}
+        assert not missing, f"{ours.__name__}: vLLM fields neither served nor refused: {sorted(missing)}"
+
+
+def test_response_format_and_tool_choice_validation() -> None:
+    base = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    req = ChatCompletionRequest.model_validate(
+        {**base, "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}, "strict": True}}}
+    )
+    assert req.json_output()
+    assert not ChatCompletionRequest.model_validate({**base, "response_format": {"type": "text"}}).json_output()
+    with pytest.raises(ValidationError, match="only allowed when 'tools'"):
+        ChatCompletionRequest.model_validate({**base, "tool_choice": "auto"})
+    ChatCompletionRequest.model_validate({**base, "tool_choice": "none"})
