@@ -73,7 +73,8 @@ Config.FULL = Config(datasets=("ArrowHead", "OSULeaf", "BasicMotions"), seeds=3,
 def ucr_path(name: str, split: str) -> Path:
     spec = importlib.util.find_spec("aeon")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the aeon wheel (UCR/UEA data files) is not installed: pip install 'nextguard[suites]'")
+        raise RuntimeError("the aeon wheel (UCR/UEA data files) is not installed: scripts/install.sh suites, "
+                           "or pip install --no-deps aeon==1.6.0")
     return Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / name / f"{name}_{split}.ts"
 
 

