@@ -176,7 +176,7 @@ class ToolCallReader:
     the first character that could open a call (the parser's start tag, or a prefix of it at the end of
     the text) to the end, in ``required`` and ``named`` mode everything, since the whole output is the
     call. :meth:`finish` parses what was held: the calls, or the held text as content where it holds no
-    valid call. A call therefore never leaves in part."""
+    valid call (or calls a function that was not offered). A call therefore never leaves in part."""
 
     def __init__(self, spec: ToolSpec, tokenizer: Any) -> None:
         self.spec = spec
@@ -218,6 +218,10 @@ class ToolCallReader:
             return ("", calls) if calls else (held, [])
         info = self._parser.extract_tool_calls(self._text, self.spec.vllm_request)
         if not info.tools_called or not info.tool_calls:
+            return held, []
+        offered = {t["function"]["name"] for t in self.spec.tools}
+        if any(c.function.name not in offered for c in info.tool_calls):
+            # a call to a function the caller never offered is text, not a call a client could run
             return held, []
         calls = [ToolCall(new_call_id(), c.function.name, c.function.arguments) for c in info.tool_calls]
         return "", calls

@@ -6,8 +6,9 @@
 * :class:`OpenAILLMClient` talks to the gateway's public OpenAI API (``openai`` SDK with
   ``base_url``), so a remote worker sees exactly what clients see, guard included.
 
-Both expose the two things the suites need: chat generation and the log-likelihood of candidate
-continuations (multiple-choice cloze scoring, as lm-eval's ``loglikelihood``).
+Both expose the two things the suites need: chat generation (with OpenAI function tools: the model's
+calls come back in :attr:`ChatReply.tool_calls`) and the log-likelihood of candidate continuations
+(multiple-choice cloze scoring, as lm-eval's ``loglikelihood``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import itertools
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
@@ -38,6 +39,9 @@ class ChatReply:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
+    # calls the model made when it was offered ``tools``, in the OpenAI message shape
+    # ({"id", "type": "function", "function": {"name", "arguments"}}), ready to append to the conversation
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -46,7 +50,10 @@ class LLMClient(Protocol):
     def model_id(self) -> str: ...
 
     def chat(self, messages: Sequence[dict[str, Any]], *, max_tokens: int, temperature: float = 0.0,
-             seed: int | None = None, stop: Sequence[str] = ()) -> ChatReply: ...
+             seed: int | None = None, stop: Sequence[str] = (),
+             tools: Sequence[dict[str, Any]] | None = None) -> ChatReply:
+        """One reply; with ``tools`` (OpenAI function tools) the model may call them (``tool_choice`` auto)."""
+        ...
 
     def chat_many(self, conversations: Sequence[Sequence[dict[str, Any]]], *, max_tokens: int,
                   temperature: float = 0.0, seed: int | None = None, stop: Sequence[str] = ()) -> list[ChatReply]:
@@ -91,11 +98,14 @@ class EngineLLMClient:
         return f"suite-{kind}-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
 
     async def _chat(self, messages: Sequence[dict[str, Any]], max_tokens: int, temperature: float,
-                    seed: int | None, stop: Sequence[str]) -> ChatReply:
+                    seed: int | None, stop: Sequence[str], tools: Sequence[dict[str, Any]] | None = None) -> ChatReply:
         from inference.engine import PromptTooLongError
         from inference.types import SamplingOptions
 
-        ids = self.engine.apply_chat_template(list(messages), add_generation_prompt=True)
+        if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+            ids = self.engine.apply_chat_template(list(messages), add_generation_prompt=True, tools=tools)
+        else:
+            ids = self.engine.apply_chat_template(list(messages), add_generation_prompt=True)
         opts = SamplingOptions(max_tokens=max_tokens, temperature=temperature, seed=seed, stop=tuple(stop))
         parts: list[str] = []
         n_out, finish = 0, None
@@ -106,11 +116,26 @@ class EngineLLMClient:
                 finish = delta.finish_reason or finish
         except PromptTooLongError as e:
             raise ContextTooLong(str(e)) from e
-        return ChatReply("".join(parts), finish, len(ids), n_out)
+        text, calls, reason = "".join(parts), [], str(finish) if finish else None
+        if tools:
+            # the served model's calls, read back as the gateway reads them (vLLM's tool parser)
+            from inference.tool_calls import ToolCallReader, tool_spec
+
+            spec = tool_spec(list(tools), "auto", None, self.engine.model_card.tool_call_parser)
+            assert spec is not None
+            reader = ToolCallReader(spec, self.engine.tokenizer)
+            content = reader.feed(text)
+            rest, found = reader.finish()
+            text = content + rest
+            calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                     for c in found]
+            reason = "tool_calls" if calls and finish == "stop" else reason
+        return ChatReply(text, reason, len(ids), n_out, calls)
 
     def chat(self, messages: Sequence[dict[str, Any]], *, max_tokens: int, temperature: float = 0.0,
-             seed: int | None = None, stop: Sequence[str] = ()) -> ChatReply:
-        return self._call(self._chat(messages, max_tokens, temperature, seed, stop))
+             seed: int | None = None, stop: Sequence[str] = (),
+             tools: Sequence[dict[str, Any]] | None = None) -> ChatReply:
+        return self._call(self._chat(messages, max_tokens, temperature, seed, stop, tools))
 
     def chat_many(self, conversations: Sequence[Sequence[dict[str, Any]]], *, max_tokens: int,
                   temperature: float = 0.0, seed: int | None = None, stop: Sequence[str] = ()) -> list[ChatReply]:
@@ -183,21 +208,25 @@ class OpenAILLMClient:
         return self._model
 
     def chat(self, messages: Sequence[dict[str, Any]], *, max_tokens: int, temperature: float = 0.0,
-             seed: int | None = None, stop: Sequence[str] = ()) -> ChatReply:
+             seed: int | None = None, stop: Sequence[str] = (),
+             tools: Sequence[dict[str, Any]] | None = None) -> ChatReply:
         import openai
 
+        extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
         try:
             r = self._client.chat.completions.create(
                 model=self.model_id, messages=list(messages), max_tokens=max_tokens,  # type: ignore[arg-type]
-                temperature=temperature, seed=seed, stop=list(stop) or None)
+                temperature=temperature, seed=seed, stop=list(stop) or None, **extra)
         except openai.BadRequestError as e:
             if e.code == "context_length_exceeded":
                 raise ContextTooLong(str(e)) from e
             raise
         c = r.choices[0]
         usage = r.usage
+        calls = [{"id": t.id, "type": "function", "function": {"name": t.function.name, "arguments": t.function.arguments}}
+                 for t in c.message.tool_calls or [] if t.type == "function"]
         return ChatReply(c.message.content or "", c.finish_reason,
-                         usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0)
+                         usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0, calls)
 
     def chat_many(self, conversations: Sequence[Sequence[dict[str, Any]]], *, max_tokens: int,
                   temperature: float = 0.0, seed: int | None = None, stop: Sequence[str] = ()) -> list[ChatReply]:

@@ -14,7 +14,7 @@ The ``null_method`` swaps in a judge that credits any non-empty answer, which mu
 The served model then plays three parts: TAEF's LLM judge (yes/no by log-likelihood on scripted
 (answer, score point) pairs, measured as agreement with the exact verdicts), the user simulator
 (it phrases each checklist item; a paraphrase that loses a number falls back to the item), and the
-agent (ReAct text protocol through the chat API; a conversation longer than the context is cut back
+agent (real tool calls through the chat API's ``tools``; a conversation longer than the context is cut back
 to the current turn, then ended). Its scores are reported, and the leaderboard's finding (table
 agents score low) is a claim.
 """
@@ -450,18 +450,37 @@ SCRIPTED = ("oracle", "read_everything", "rounding_0.05", "rounding_0.2", "crash
 
 # ------------------------------------------------------------------------------- served-model agent
 _SYSTEM = {
-    "en": ("You answer questions about the tables in a folder. Use one tool per message, written exactly as\n"
-           "Action: <tool> <json arguments>\n"
-           "Tools: list_folder {}, preview_table {\"name\": file}, table_schema {\"name\": file}, "
-           "search_cells {\"keyword\": text}, run_pandas {\"code\": python using tables[file] DataFrames, set result}.\n"
+    "en": ("You answer questions about the tables in a folder. Call the tools to read them. "
            "When you know the answer write: Final Answer: <answer> [tables: file, file]"),
-    "zh": ("你要回答关于文件夹中表格的问题。每条消息只用一个工具，格式：\nAction: <工具> <json参数>\n"
-           "工具：list_folder {}, preview_table {\"name\": 文件}, table_schema {\"name\": 文件}, "
-           "search_cells {\"keyword\": 文本}, run_pandas {\"code\": 使用tables[文件]的python，设置result}。\n"
-           "知道答案时写：Final Answer: <答案> [tables: 文件, 文件]"),
+    "zh": ("你要回答关于文件夹中表格的问题。调用工具读取表格。知道答案时写：Final Answer: <答案> [tables: 文件, 文件]"),
 }
-_ACTION = re.compile(r"Action:\s*([a-z_]+)\s*(\{.*\})?", re.S)
 _FINAL = re.compile(r"Final Answer:\s*(.*)", re.S)
+
+
+def _tool(tool: str, description: str, props: dict[str, str] | None = None) -> dict[str, Any]:
+    props = props or {}
+    return {"type": "function", "function": {"name": tool, "description": description, "parameters": {
+        "type": "object", "properties": {k: {"type": "string", "description": v} for k, v in props.items()},
+        "required": list(props)}}}
+
+
+# TableEnv's surface as OpenAI function tools: the served agent calls them through the chat API's `tools`
+AGENT_TOOLS = [
+    _tool("list_folder", "List the table files in the folder."),
+    _tool("preview_table", "The first rows of a table as CSV.", {"name": "table file name"}),
+    _tool("table_schema", "A table's columns and row count.", {"name": "table file name"}),
+    _tool("search_cells", "Tables and columns whose name or cells contain a keyword.", {"keyword": "text to find"}),
+    _tool("run_pandas", "Run Python on the tables (dict `tables` of pandas DataFrames by file name); set `result`.",
+          {"code": "python code"}),
+]
+
+
+def _call_args(raw: str) -> dict[str, Any]:
+    try:
+        args = json.loads(raw or "{}")
+    except ValueError:
+        return {"_unparsed": raw}
+    return args if isinstance(args, dict) else {"_unparsed": raw}
 
 
 def _trim_to_turn(messages: list[dict[str, Any]], turn_start: int) -> list[dict[str, Any]]:
@@ -471,8 +490,10 @@ def _trim_to_turn(messages: list[dict[str, Any]], turn_start: int) -> list[dict[
 
 def llm_agent(dlg: Dialogue, chat: Callable[[list[dict[str, Any]]], Any], cfg: Config,
               ask: Callable[[Turn, str | None], str] | None = None) -> Trace:
-    """The served model as a ReAct agent over one dialogue. ``chat`` is the one model call (messages
-    in, a ChatReply out); ``ask`` phrases each turn's question (the user simulator; verbatim when
+    """The served model as the agent over one dialogue. ``chat`` is the one model call (messages in, a
+    ChatReply out), offering it :data:`AGENT_TOOLS`: every call it makes runs against the dialogue's
+    :class:`TableEnv` and the result goes back as a ``tool`` message; a reply without calls (or the last
+    step's reply) is the turn's answer. ``ask`` phrases each turn's question (the user simulator; verbatim when
     None). A conversation that outgrows the model's context is cut back to the current turn, and if
     that still does not fit, the dialogue ends there (its remaining turns count as unanswered)."""
     from offline_suites.llm import ContextTooLong
@@ -507,21 +528,18 @@ def llm_agent(dlg: Dialogue, chat: Callable[[list[dict[str, Any]]], Any], cfg: C
                     break
             tokens += reply.prompt_tokens + reply.completion_tokens
             text = reply.text.strip()
-            messages.append({"role": "assistant", "content": text})
             msgs += 1
-            fin = _FINAL.search(text)
-            act = _ACTION.search(text)
-            if fin or not act or step == cfg.llm_max_steps:
+            if not reply.tool_calls or step == cfg.llm_max_steps:
+                messages.append({"role": "assistant", "content": text})
+                fin = _FINAL.search(text)
                 answer = (fin.group(1) if fin else text) or None
                 break
-            try:
-                args = json.loads(act.group(2) or "{}")
-                if not isinstance(args, dict):
-                    raise ValueError
-            except ValueError:
-                args = {"_unparsed": act.group(2)}
-            ok, out = env.call(t, act.group(1), args, msgs - 1)
-            messages.append({"role": "user", "content": f"Observation: {out[:800]}"})
+            messages.append({"role": "assistant", "content": text or None, "tool_calls": reply.tool_calls})
+            # the calls of one message run together: TAEF's tool parallelism counts calls per message
+            for call in reply.tool_calls:
+                fn = call["function"]
+                _, out = env.call(t, fn["name"], _call_args(fn["arguments"]), msgs - 1)
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": out[:800]})
         if ended is not None:
             break
         m = re.search(r"\[tables?:\s*([^\]]*)\]", answer or "")
@@ -718,7 +736,7 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
             def chat(m: list[dict[str, Any]]) -> Any:
                 # the agent's one model call
                 ctx.check_cancelled()
-                return ctx.llm.chat(m, max_tokens=cfg.llm_max_tokens, temperature=0.0, seed=seed + i)
+                return ctx.llm.chat(m, max_tokens=cfg.llm_max_tokens, temperature=0.0, seed=seed + i, tools=AGENT_TOOLS)
 
             def ask(turn: Turn, last: str | None) -> str:
                 q, used = simulated_question(turn, last, played[i].lang, lambda m: ctx.llm.chat(

@@ -18,6 +18,7 @@ from gateway.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
+    ChatMessage,
     ChatTokenLogprob,
     ChoiceLogprobs,
     DeltaMessage,
@@ -75,7 +76,7 @@ def guard_conversation(req: ChatCompletionRequest) -> Conversation:
     return tuple((m.role, _turn_text(m)) for m in req.messages)
 
 
-def _turn_text(m: Any) -> str:
+def _turn_text(m: ChatMessage) -> str:
     calls = "\n".join(call_text(c.function.name, c.function.arguments) for c in m.tool_calls or [])
     text = m.text()
     return f"{text}\n{calls}" if text and calls else text or calls

@@ -87,6 +87,11 @@ def test_auto_reader_gives_back_a_broken_call_as_content() -> None:
     assert rest == '<tool_call>{"name": "lookup", "argu' and calls == []
 
 
+def test_auto_reader_refuses_calls_to_functions_not_offered() -> None:
+    _, rest, calls = _read("auto", ['<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'])
+    assert calls == [] and rest == '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'
+
+
 def test_required_and_named_readers_hold_everything() -> None:
     released, rest, calls = _read("required", ['[{"name": "lookup", ', '"parameters": {"key": "b"}}]'])
     assert released == ["", ""] and rest == "" and calls == [("lookup", {"key": "b"})]

@@ -38,8 +38,13 @@ class HashEngine:
     def ready(self) -> bool:
         return True
 
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True) -> list[int]:
-        return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt)  # type: ignore[no-any-return]
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
+                            tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        # calls and tools are shown as text, as a template without tool support gets them
+        from inference.tool_calls import render_messages
+
+        msgs = render_messages(messages, tools, native=False)
+        return self.tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt)  # type: ignore[no-any-return]
 
     def num_running(self) -> int:
         return 0

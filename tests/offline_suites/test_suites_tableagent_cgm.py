@@ -58,11 +58,18 @@ class _ChatByLength:
 
     def __call__(self, messages: list[dict[str, Any]]) -> ChatReply:
         self.calls += 1
-        if sum(len(m["content"]) for m in messages) > self.limit:
+        if sum(_size(m) for m in messages) > self.limit:
             raise ContextTooLong("too long")
-        if messages[-1]["content"].startswith("Observation"):
+        if messages[-1]["role"] == "tool":
             return ChatReply("Final Answer: 42", "stop", 10, 3)
-        return ChatReply('Action: preview_table {"name": "product_catalog.csv"}', "stop", 10, 8)
+        return ChatReply("", "tool_calls", 10, 8, [{"id": f"call_{self.calls}", "type": "function", "function": {
+            "name": "preview_table", "arguments": '{"name": "product_catalog.csv"}'}}])
+
+
+def _size(message: dict[str, Any]) -> int:
+    """Characters a message puts in the context: its text and its calls' arguments."""
+    calls = message.get("tool_calls") or []
+    return len(message.get("content") or "") + sum(len(c["function"]["arguments"]) for c in calls)
 
 
 def test_agent_trims_then_ends_a_dialogue_that_outgrows_the_context(tmp_path: Path) -> None:
@@ -71,7 +78,7 @@ def test_agent_trims_then_ends_a_dialogue_that_outgrows_the_context(tmp_path: Pa
     roomy = llm_agent(dlg, _ChatByLength(100_000), cfg)
     assert roomy.meta["truncations"] == 0 and roomy.meta["ended"] is None and all(roomy.answers)
     # room for about one turn and a half: earlier turns are trimmed away, the run goes on
-    one_turn = sum(len(m["content"]) for m in roomy.meta["messages"][:5])
+    one_turn = sum(_size(m) for m in roomy.meta["messages"][:5])
     trimmed = llm_agent(dlg, _ChatByLength(one_turn + 150), cfg)
     assert trimmed.meta["truncations"] >= 1 and trimmed.meta["ended"] is None and all(trimmed.answers)
     assert len(trimmed.answers) == 4
