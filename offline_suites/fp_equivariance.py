@@ -1,6 +1,7 @@
 """fp-equivariance: "On the expressive power of floating-point transformers" (Park, Park, Hwang;
 arXiv 2601.16450, ICML 2026) checked on a bit-exact floating-point reference transformer, plus an
-audit of our own attention kernels (dense SDPA, PBS-Attn when present) and of the served engine.
+audit of our own attention kernels (dense SDPA, PBS-Attn when present) on the served model's real
+q, k, v, and of the served engine's batch invariance.
 
 The reference model follows the paper's set-up as transcribed in suites-fulltext-notes.md §2.1:
 round-to-nearest-even formats F_{p,q}, correctly rounded ⊕ ⊗ ⊘ exp, **left-associative** sums
@@ -526,7 +527,7 @@ def _engine_batch_probe(ctx: RunContext, cfg: Config) -> dict[str, Any]:
             "engine_scored_prompts": len(alone), "greedy_tokens": cfg.llm_probe_tokens}
 
 
-@register_suite("fp-equivariance", version=2, config=Config,
+@register_suite("fp-equivariance", version=3, config=Config,
                 null_method="every sum is the float64 sum rounded once (order-free arithmetic)")
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)
