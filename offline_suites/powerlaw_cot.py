@@ -77,7 +77,7 @@ class Config:
     FULL: ClassVar[Config]
 
 
-Config.SMOKE = Config(classes=(8, 32, 128), llm_ks=(2, 16), hop_questions=6)
+Config.SMOKE = Config(classes=(8, 32, 128), llm_ks=(2, 16), hop_questions=4)
 Config.FULL = Config(dims=(3, 4, 5), classes=(10, 16, 25, 40, 64, 100, 160, 250, 400, 640, 1000, 1500),
                      train_steps=500, test_samples=10000, llm_ks=(2, 4, 8, 16, 32, 64),
                      llm_questions=20, llm_tree_k=16, llm_tree_degree=4, tree_dims=(3, 4),
