@@ -1,6 +1,7 @@
 """fp-equivariance: "On the expressive power of floating-point transformers" (Park, Park, Hwang;
 arXiv 2601.16450, ICML 2026) checked on a bit-exact floating-point reference transformer, plus an
-audit of our own attention kernels (dense SDPA, PBS-Attn when present) and of the served engine.
+audit of our own attention kernels (dense SDPA, PBS-Attn when present) on the served model's real
+q, k, v, and of the served engine's batch invariance.
 
 The reference model follows the paper's set-up as transcribed in suites-fulltext-notes.md §2.1:
 round-to-nearest-even formats F_{p,q}, correctly rounded ⊕ ⊗ ⊘ exp, **left-associative** sums
@@ -28,6 +29,7 @@ import numpy as np
 from offline_suites.base import (
     Check,
     Claim,
+    ConfigError,
     RunContext,
     SuiteResult,
     check_cmp,
@@ -60,19 +62,19 @@ class Config:
     d_ff: int = 16
     similar_formats: tuple[str, ...] = ("e5m2", "e4m3")   # Theorem-2 pairs pushed through a block
     sum_lemma_pairs: int = 60
-    kernel_seq_len: int = 128
-    kernel_heads: int = 4
-    kernel_head_dim: int = 32
-    kernel_trials: int = 2
+    kernel_seq_len: int = 128     # tokens of the served-model prompt whose q, k, v the kernels audit
+    kernel_layers: tuple[int, ...] = (0, 15)   # served-model layers whose attention inputs are audited
+    kernel_trials: int = 2        # random permutations per layer
     pbs_backend: str = "reference"   # SMOKE: the fp64 oracle (no compile); FULL: "auto" = the served path
     llm_probe_prompts: int = 4    # served-engine batch-invariance probe (0 = skip)
+    llm_probe_tokens: int = 8     # greedy tokens generated per probe prompt
     null_method: bool = False     # sums rounded once instead of left to right: the gates must fail
     # seq_len ≥ 3: the random permutations must be able to avoid the identity and the (1 2) swap
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "n_blocks": (1, 100), "n_inputs": (1, 256), "n_perms": (1, 100), "seq_len": (3, 64), "d_model": (1, 64),
         "d_head": (1, 64), "n_heads": (1, 16), "d_ff": (1, 256), "sum_lemma_pairs": (1, 100_000),
-        "kernel_seq_len": (2, 8192), "kernel_heads": (1, 64), "kernel_head_dim": (1, 256), "kernel_trials": (1, 100),
-        "llm_probe_prompts": (0, 64)}
+        "kernel_seq_len": (3, 1024), "kernel_layers": (0, 1000), "kernel_trials": (1, 100),
+        "llm_probe_prompts": (0, 64), "llm_probe_tokens": (1, 256)}
 
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
@@ -80,7 +82,8 @@ class Config:
 
 Config.SMOKE = Config()
 Config.FULL = Config(n_blocks=8, n_inputs=16, n_perms=8, seq_len=16, similar_formats=("e5m2", "e4m3", "bf16"),
-                     sum_lemma_pairs=200, kernel_seq_len=512, kernel_trials=8, llm_probe_prompts=16, pbs_backend="auto")
+                     sum_lemma_pairs=200, kernel_seq_len=512, kernel_layers=(0, 7, 15, 23, 29), kernel_trials=8,
+                     llm_probe_prompts=16, llm_probe_tokens=32, pbs_backend="auto")
 
 
 class FPFormat:
@@ -383,46 +386,91 @@ def _similarity_checks(ctx: RunContext, cfg: Config, rng: np.random.Generator
     return checks, claims, metrics
 
 
+_CAPTURE = "nextguard_qkv_capture"
+
+
+def _capture_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
+    """transformers attention function that keeps each layer's post-RoPE q, k, v on its module
+    (per model instance, so concurrent runs do not share state) and then runs the stock SDPA path."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module._nextguard_qkv = (query.detach().clone(), key.detach().clone(), value.detach().clone())
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def _served_activations(ctx: RunContext, cfg: Config) -> tuple[list[tuple[int, Any, Any, Any]], dict[str, Any]]:
+    """Post-RoPE q, k, v of the served model (its HF folder, fp32) on one prompt of
+    ``kernel_seq_len`` tokens, at ``kernel_layers``: the tensors our kernels see in a real prefill."""
+    import torch
+    from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
+
+    AttentionInterface.register(_CAPTURE, _capture_attention)
+    path = ctx.model_path()
+    tok = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation=_CAPTURE).eval()
+    layers = model.model.layers
+    bad = [i for i in cfg.kernel_layers if i >= len(layers)]
+    if bad:
+        raise ConfigError(f"kernel_layers {bad} out of range: the served model has {len(layers)} layers")
+    text, i = "", 0
+    while len(tok(text, add_special_tokens=False).input_ids) < cfg.kernel_seq_len:
+        text += f" Fact {i}: " + _PROBE_TOPICS[i % len(_PROBE_TOPICS)].format(i=i) + " something worth noting."
+        i += 1
+    ids = tok(text, add_special_tokens=False, return_tensors="pt").input_ids[:, : cfg.kernel_seq_len]
+    ctx.record_data("kernel_audit_prompt", text)
+    with torch.no_grad():
+        model(input_ids=ids)
+    acts = [(li, *layers[li].self_attn._nextguard_qkv) for li in cfg.kernel_layers]
+    info = {"model_path": str(path), "tokens": int(ids.shape[1]), "layers": list(cfg.kernel_layers),
+            "q_heads": int(acts[0][1].shape[1]), "kv_heads": int(acts[0][2].shape[1]),
+            "head_dim": int(acts[0][1].shape[3])}
+    return acts, info
+
+
 def _kernel_audit(ctx: RunContext, cfg: Config, seed: int) -> dict[str, Any]:
-    """Bitwise permutation properties of our attention kernels. Informational: kernels may
-    legitimately reorder their reductions, so this measures how far they are from the paper's
-    fixed left-to-right order, not pass/fail.
+    """Bitwise permutation properties of our attention kernels on the served model's own q, k, v.
+    Informational: kernels may legitimately reorder their reductions, so this measures how far they
+    are from the paper's fixed left-to-right order, not pass/fail.
 
     * non-causal SDPA: f(πX) = π f(X) for a random π and for the (1 2) swap;
     * causal kernels (dense SDPA, PBS-Attn): the last query sees every key, so its output must not
       depend on the order of the first n−1 tokens (π fixes the last position).
+
+    Permuting the rows of post-RoPE q, k, v permutes tokens with their positions already encoded,
+    which is exactly what the kernels' sums see.
     """
     import torch
     import torch.nn.functional as F
 
-    out: dict[str, Any] = {}
+    acts, info = _served_activations(ctx, cfg)
+    out: dict[str, Any] = {"activations": info}
     g = torch.Generator().manual_seed(seed)
-    n, h, dh = cfg.kernel_seq_len, cfg.kernel_heads, cfg.kernel_head_dim
+    n = info["tokens"]
 
-    def qkv(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        return tuple(torch.randn(1, h, n, dh, generator=g).to(dtype) for _ in range(3))
+    def sdpa(q: Any, k: Any, v: Any, causal: bool = False) -> Any:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
 
     for dtype in (torch.float32, torch.bfloat16):
         ctx.check_cancelled()
         tag = str(dtype)[6:]
         frac, dev, swap_frac = [], 0.0, []
-        for _ in range(cfg.kernel_trials):
-            q, k, v = qkv(dtype)
-            base = F.scaled_dot_product_attention(q, k, v)
-            perm = torch.randperm(n, generator=g)
-            po = F.scaled_dot_product_attention(q[:, :, perm], k[:, :, perm], v[:, :, perm])
-            frac.append((po != base[:, :, perm]).float().mean().item())
-            dev = max(dev, (po.float() - base[:, :, perm].float()).abs().max().item())
+        for _, q32, k32, v32 in acts:
+            q, k, v = q32.to(dtype), k32.to(dtype), v32.to(dtype)
+            base = sdpa(q, k, v)
+            for _ in range(cfg.kernel_trials):
+                perm = torch.randperm(n, generator=g)
+                po = sdpa(q[:, :, perm], k[:, :, perm], v[:, :, perm])
+                frac.append((po != base[:, :, perm]).float().mean().item())
+                dev = max(dev, (po.float() - base[:, :, perm].float()).abs().max().item())
             sw = torch.arange(n)
             sw[[0, 1]] = torch.tensor([1, 0])
-            so = F.scaled_dot_product_attention(q[:, :, sw], k[:, :, sw], v[:, :, sw])
+            so = sdpa(q[:, :, sw], k[:, :, sw], v[:, :, sw])
             swap_frac.append((so != base[:, :, sw]).float().mean().item())
         out[f"sdpa_{tag}_perm_nonbitwise_frac"] = float(np.mean(frac))
         out[f"sdpa_{tag}_perm_max_abs_dev"] = dev
         out[f"sdpa_{tag}_swap12_nonbitwise_frac"] = float(np.mean(swap_frac))
 
-    causal: dict[str, Any] = {
-        "sdpa_causal": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
+    causal: dict[str, Any] = {"sdpa_causal": lambda q, k, v: sdpa(q, k, v, causal=True)}
     try:
         from inference.pbs_attn import pbs_attention
 
@@ -438,13 +486,14 @@ def _kernel_audit(ctx: RunContext, cfg: Config, seed: int) -> dict[str, Any]:
             key = f"{name}_{str(dtype)[6:]}"
             try:
                 frac, dev = [], 0.0
-                for _ in range(cfg.kernel_trials):
-                    q, k, v = qkv(dtype)
-                    perm = torch.cat([torch.randperm(n - 1, generator=g), torch.tensor([n - 1])])
+                for _, q32, k32, v32 in acts:
+                    q, k, v = q32.to(dtype), k32.to(dtype), v32.to(dtype)
                     last = kern(q, k, v)[:, :, -1]
-                    plast = kern(q[:, :, perm], k[:, :, perm], v[:, :, perm])[:, :, -1]
-                    frac.append((plast != last).float().mean().item())
-                    dev = max(dev, (plast.float() - last.float()).abs().max().item())
+                    for _ in range(cfg.kernel_trials):
+                        perm = torch.cat([torch.randperm(n - 1, generator=g), torch.tensor([n - 1])])
+                        plast = kern(q[:, :, perm], k[:, :, perm], v[:, :, perm])[:, :, -1]
+                        frac.append((plast != last).float().mean().item())
+                        dev = max(dev, (plast.float() - last.float()).abs().max().item())
             except Exception as exc:   # a kernel that cannot run this shape/dtype is a finding, not a crash
                 out[f"{key}_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
                 continue
@@ -458,22 +507,27 @@ _PROBE_TOPICS = ("the number after {i} is", "a word that rhymes with cat is", "t
 
 
 def _engine_batch_probe(ctx: RunContext, cfg: Config) -> dict[str, Any]:
-    """Batch invariance of the served engine: different prompts (different lengths) scored one at a
-    time, then all in flight at once so the engine batches them; per prompt, is the logprob the same?"""
-    from concurrent.futures import ThreadPoolExecutor
-
-    prompts = [f"Fact {i}: " + _PROBE_TOPICS[i % len(_PROBE_TOPICS)].format(i=i) for i in range(cfg.llm_probe_prompts)]
+    """Batch invariance of the served engine: different prompts (different lengths and content)
+    run one request at a time, then all in one batch (submitted together, so the scheduler runs
+    them side by side); per prompt, are the continuation logprob and the greedy completion the same?"""
+    prompts = [f"Fact {i}: " + "and also " * (i % 5) + _PROBE_TOPICS[i % len(_PROBE_TOPICS)].format(i=i)
+               for i in range(cfg.llm_probe_prompts)]
     conts = [f" {i + 1}" if i % len(_PROBE_TOPICS) == 0 else " the" for i in range(len(prompts))]
-    alone = [ctx.llm.continuation_logprobs(p, [c])[0] for p, c in zip(prompts, conts, strict=True)]
-    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-        together = list(pool.map(lambda pc: ctx.llm.continuation_logprobs(pc[0], [pc[1]])[0],
-                                 zip(prompts, conts, strict=True)))
-    return {"engine_batch_nonbitwise_frac": float(np.mean([t != a for t, a in zip(together, alone, strict=True)])),
-            "engine_batch_max_abs_dev": float(max(abs(t - a) for t, a in zip(together, alone, strict=True))),
-            "engine_scored_prompts": len(alone)}
+    pairs = list(zip(prompts, conts, strict=True))
+    alone = [ctx.llm.score_many([pc])[0] for pc in pairs]
+    together = ctx.llm.score_many(pairs)
+    convs = [[{"role": "user", "content": p}] for p in prompts]
+    gen_alone = [ctx.llm.chat(m, max_tokens=cfg.llm_probe_tokens).text for m in convs]
+    gen_together = [r.text for r in ctx.llm.chat_many(convs, max_tokens=cfg.llm_probe_tokens)]
+    return {"engine_batch_logprob_nonbitwise_frac": float(np.mean([t != a for t, a in zip(together, alone,
+                                                                                          strict=True)])),
+            "engine_batch_logprob_max_abs_dev": float(max(abs(t - a) for t, a in zip(together, alone, strict=True))),
+            "engine_batch_greedy_text_differs_frac": float(np.mean([t != a for t, a in zip(gen_together, gen_alone,
+                                                                                          strict=True)])),
+            "engine_scored_prompts": len(alone), "greedy_tokens": cfg.llm_probe_tokens}
 
 
-@register_suite("fp-equivariance", version=2, config=Config,
+@register_suite("fp-equivariance", version=3, config=Config,
                 null_method="every sum is the float64 sum rounded once (order-free arithmetic)")
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)

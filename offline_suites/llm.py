@@ -64,6 +64,11 @@ class LLMClient(Protocol):
         """Sum of log p(continuation tokens | prompt) per continuation (raw text, no chat template)."""
         ...
 
+    def score_many(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        """log p(continuation | prompt) for several different prompts, all in flight together (the
+        engine batches them), one value per (prompt, continuation) pair."""
+        ...
+
 
 class EngineLLMClient:
     """LLMClient over an in-process EngineClient running on ``loop`` (another thread's loop)."""
@@ -178,6 +183,16 @@ class EngineLLMClient:
                 for c in continuations)))
         return self._call(all_())
 
+    def score_many(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        tok = self.engine.tokenizer
+
+        async def all_() -> list[float]:
+            # one gather: every request reaches the engine's scheduler in the same loop turn
+            return list(await asyncio.gather(*(
+                self._loglik(list(tok.encode(p, add_special_tokens=False)),
+                             list(tok.encode(p + c, add_special_tokens=False))) for p, c in pairs)))
+        return self._call(all_())
+
 
 class OpenAILLMClient:
     """LLMClient over the gateway's public OpenAI API (chat completions + completions echo/logprobs)."""
@@ -255,6 +270,12 @@ class OpenAILLMClient:
 
         with ThreadPoolExecutor(self._concurrency) as pool:
             return list(pool.map(lambda c: self._loglik(prompt, c), continuations))
+
+    def score_many(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max(self._concurrency, len(pairs))) as pool:
+            return list(pool.map(lambda pc: self._loglik(pc[0], pc[1]), pairs))
 
 
 class BackgroundEngine:

@@ -10,8 +10,14 @@ formulas, so it does not gate. Arm B (worker-trained): the authors' experiment A
 on S^{d−1}, labels from m random prototypes (spherical Voronoi), an MLP trained on fresh samples —
 fitted with the fixed exponent 2/d and with a free exponent; the gate is that every trained
 classifier beats chance by far (``null_method`` leaves them untrained), the power law and its
-exponent's fall with d are claims. Arm A (served model, claims only): K-way capital-city cloze
-scored by log-likelihood, fitted ε(K), and the same questions decomposed as continent → capital.
+exponent's fall with d and its distance to 2/d are claims. Arm D (worker-trained): the
+decomposition itself — N leaves of a nested spherical Voronoi tree reached by n = log_k N steps of
+degree k, one MLP trained on the same samples with the intermediate steps (k < N) or without them
+(k = N); the theory's predictions (steps beat direct prediction, too fine steps hurt below m*,
+step errors add) are claims. Arm A (served model, claims only): K-way capital-city cloze scored by
+log-likelihood, fitted ε(K), the same questions decomposed as continent → capital, and two-hop
+questions (capital → country → continent) answered directly or after the model states the
+intermediate hop.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import numpy as np
 from offline_suites.base import (
     Check,
     Claim,
+    ConfigError,
     RunContext,
     SuiteResult,
     check_close,
@@ -50,22 +57,31 @@ class Config:
     llm_questions: int = 4                               # questions per K
     llm_tree_k: int = 4                                  # flat K compared with the 2-level tree
     llm_tree_degree: int = 2                             # continents per tree question
+    tree_dims: tuple[int, ...] = (3,)                    # Arm D: intrinsic dimensions of the tree task
+    tree_leaves: int = 64                                # Arm D: N leaves; every degree k needs k^n = N
+    tree_degrees: tuple[int, ...] = (4, 64)              # Arm D: per-step degrees (k = N is direct prediction)
+    tree_steps: int = 300                                # Arm D: training steps per model
+    hop_questions: int = 8                               # served two-hop questions (0 = skip)
+    hop_k: int = 4                                       # candidate countries for the intermediate hop
     max_error_share_of_chance: float = 0.5               # trained sphere error ≤ this × (1 − 1/m)
     null_method: bool = False                            # sphere classifiers stay untrained
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "dims": (1, 16), "classes": (2, 5000), "hidden": (1, 4096), "train_steps": (0, 100_000),
         "batch": (1, 65_536), "lr": (1e-6, 1.0), "test_samples": (1, 1_000_000),
         "llm_ks": (2, 121), "llm_questions": (1, 121),          # 121 countries in data/capitals.json
-        "llm_tree_k": (2, 64), "llm_tree_degree": (2, 8), "max_error_share_of_chance": (0.0, 1.0)}
+        "llm_tree_k": (2, 64), "llm_tree_degree": (2, 8), "max_error_share_of_chance": (0.0, 1.0),
+        "tree_dims": (1, 16), "tree_leaves": (4, 4096), "tree_degrees": (2, 4096), "tree_steps": (0, 100_000),
+        "hop_questions": (0, 1000), "hop_k": (2, 121)}
 
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
 
-Config.SMOKE = Config()
+Config.SMOKE = Config(classes=(8, 32, 128), llm_ks=(2, 16), hop_questions=4)
 Config.FULL = Config(dims=(3, 4, 5), classes=(10, 16, 25, 40, 64, 100, 160, 250, 400, 640, 1000, 1500),
-                     train_steps=500, test_samples=10000, llm_ks=(2, 4, 8, 16, 32, 64, 96),
-                     llm_questions=50, llm_tree_k=16, llm_tree_degree=4)
+                     train_steps=500, test_samples=10000, llm_ks=(2, 4, 8, 16, 32, 64),
+                     llm_questions=20, llm_tree_k=16, llm_tree_degree=4, tree_dims=(3, 4),
+                     tree_degrees=(2, 4, 8, 64), tree_steps=500, hop_questions=40, hop_k=8)
 
 
 # ----------------------------------------------------------------------------------- theory (T)
@@ -161,6 +177,112 @@ def _sphere_error(d: int, m: int, cfg: Config, seed: int) -> float:
         return float((net(x).argmax(1) != y).float().mean())
 
 
+# ------------------------------------------------------------------ Arm D (tree decomposition)
+def tree_depth(leaves: int, degree: int) -> int:
+    """Depth n with degree^n = leaves; a degree that does not tile the leaves is a config error."""
+    n = round(math.log(leaves) / math.log(degree))
+    if n < 1 or degree ** n != leaves:
+        raise ConfigError(f"tree_degrees: {degree} is not a root of tree_leaves={leaves} (need k^n = N)")
+    return n
+
+
+def _tree_error(d: int, m: int, n: int, cfg: Config, seed: int) -> dict[str, Any]:
+    """A degree-m, depth-n tree over S^{d−1}: level t splits every level-(t−1) cell with its own m
+    random prototypes (nested spherical Voronoi), so a leaf is an m^n-way class reached by n m-way
+    choices. One MLP is trained on the same samples either on the leaf alone (n = 1: direct) or on
+    every step of the path, each step seeing x and the digits before it (intermediate steps, teacher
+    forced). At test time the chain runs on its own predictions; the teacher-forced error of each
+    step is kept to compare the chain with the sum of its step errors."""
+    import torch
+    from torch import nn
+
+    fn = nn.functional
+    g = torch.Generator().manual_seed(seed)
+    protos = [fn.normalize(torch.randn(m ** t, m, d, generator=g), dim=2) for t in range(n)]
+
+    def draw(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = fn.normalize(torch.randn(k, d, generator=g), dim=1)
+        node = torch.zeros(k, dtype=torch.long)
+        digits = []
+        for p in protos:
+            c = torch.einsum("bd,bkd->bk", x, p[node]).argmax(1)
+            digits.append(c)
+            node = node * m + c
+        return x, torch.stack(digits, 1)
+
+    def inp(x: torch.Tensor, digits: torch.Tensor, level: int) -> torch.Tensor:
+        # the known prefix as one-hots (zeros for the digits not yet chosen) and the step index
+        pre = torch.zeros(len(x), max(n - 1, 1) * m)
+        for t in range(min(level, n - 1)):
+            pre[torch.arange(len(x)), t * m + digits[:, t]] = 1.0
+        return torch.cat([x, pre, fn.one_hot(torch.full((len(x),), level), n).float()], 1)
+
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(d + max(n - 1, 1) * m + n, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, cfg.hidden),
+                        nn.ReLU(), nn.Linear(cfg.hidden, m))
+    opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr)
+    for _ in range(0 if cfg.null_method else cfg.tree_steps):
+        x, dig = draw(cfg.batch)
+        loss = sum(fn.cross_entropy(net(inp(x, dig, t)), dig[:, t]) for t in range(n))
+        opt.zero_grad()
+        loss.backward()   # type: ignore[union-attr]
+        opt.step()
+    with torch.no_grad():
+        x, dig = draw(cfg.test_samples)
+        own = torch.zeros_like(dig)
+        step_err = []
+        for t in range(n):
+            own[:, t] = net(inp(x, own, t)).argmax(1)
+            step_err.append(float((net(inp(x, dig, t)).argmax(1) != dig[:, t]).float().mean()))
+        chain = float((own != dig).any(1).float().mean())
+    return {"degree": m, "depth": n, "error": chain, "step_errors": step_err, "step_error_sum": sum(step_err),
+            "independent_prediction": 1 - float(np.prod([1 - e for e in step_err]))}
+
+
+def _tree_arm(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], list[Claim], dict[str, Any]]:
+    checks: list[Check] = []
+    claims: list[Claim] = []
+    out: dict[str, Any] = {}
+    n_leaves = cfg.tree_leaves
+    chance = 1 - 1 / n_leaves
+    depths = {k: tree_depth(n_leaves, k) for k in cfg.tree_degrees}
+    for i, d in enumerate(cfg.tree_dims):
+        ctx.progress(0.4 + 0.15 * i / len(cfg.tree_dims), f"tree decomposition d={d}")
+        runs = {str(k): _tree_error(d, k, n, cfg, seed * 1000 + d * 101 + k) for k, n in depths.items()}
+        out[f"d{d}"] = runs
+        worst = max(r["error"] for r in runs.values()) / chance
+        checks.append(check_cmp(f"tree_models_beat_chance_d{d}", "hard", worst, "<=", cfg.max_error_share_of_chance,
+                                f"max over degrees of leaf error / chance error (1 − 1/{n_leaves})"))
+        # exact for any model: the chain fails iff some step fails after a correct prefix, and a
+        # step after a correct prefix is the teacher-forced step; step 1 is the same either way
+        bounds_ok = all(r["step_errors"][0] - 1e-12 <= r["error"] <= r["step_error_sum"] + 1e-12 for r in runs.values())
+        checks.append(Check(f"tree_chain_between_first_step_and_step_sum_d{d}", "soft", True, bounds_ok, 0, bounds_ok,
+                            "ε₁ ≤ chain error ≤ Σ εₜ on the same test points (holds for any model)"))
+        chains = {k: r["error"] for k, r in runs.items() if r["depth"] > 1}
+        direct = runs.get(str(n_leaves))
+        m_star = math.exp(d / 2)
+        if direct is not None and chains:
+            best = min(chains, key=lambda k: chains[k])
+            claims.append(claim(f"tree_steps_beat_direct_d{d}", "a chain of intermediate steps beats predicting the "
+                                f"leaf directly (N = {n_leaves} > m* = {m_star:.2f})", direct["error"] - chains[best],
+                                ">", 0.0, f"direct error − best chain error (degree {best})"))
+        above = [k for k in chains if int(k) >= m_star]
+        below = [k for k in chains if int(k) < m_star]
+        if above and below:
+            lo, hi = min(below, key=int), min(above, key=lambda k: chains[k])
+            claims.append(claim(f"tree_below_critical_degree_hurts_d{d}", "below the critical degree m* = e^{d/2}, "
+                                "finer steps (a deeper chain) raise the error", chains[lo] - chains[hi], ">", 0.0,
+                                f"error(degree {lo}) − error(degree {hi} ≥ m* = {m_star:.2f})"))
+        gaps = {k: abs(r["error"] - r["step_error_sum"]) / max(r["error"], 1e-12) for k, r in runs.items()
+                if r["depth"] > 1}
+        if gaps:
+            worst_k = max(gaps, key=lambda k: gaps[k])
+            claims.append(claim(f"tree_step_errors_add_d{d}", "a chain's error is the sum of its step errors (first "
+                                "order)", gaps[worst_k], "<=", 0.2,
+                                f"max over degrees of |chain − Σ εₜ| / chain (worst: degree {worst_k})"))
+    return checks, claims, out
+
+
 # ------------------------------------------------------------------------------ Arm A (served)
 def load_capitals() -> list[tuple[str, str, str]]:
     raw = resources.files("offline_suites").joinpath("data/capitals.json").read_text()
@@ -178,7 +300,7 @@ def _llm_arm(ctx: RunContext, cfg: Config, rng: np.random.Generator) -> dict[str
     flat: dict[str, Any] = {}
     total = len(cfg.llm_ks) + 1
     for i, k in enumerate(cfg.llm_ks):
-        ctx.progress(0.55 + 0.4 * i / total, f"served model: {k}-way cloze")
+        ctx.progress(0.55 + 0.35 * i / total, f"served model: {k}-way cloze")
         qs = rng.choice(len(rows), size=cfg.llm_questions, replace=False)
         errs = 0
         for q in qs:
@@ -189,7 +311,7 @@ def _llm_arm(ctx: RunContext, cfg: Config, rng: np.random.Generator) -> dict[str
         flat[str(k)] = {"error": errs / len(qs), "chance_error": 1 - 1 / k, "questions": len(qs)}
 
     # tree: K = degree × (K/degree) candidates, one block of capitals per continent
-    ctx.progress(0.55 + 0.4 * (total - 1) / total, "served model: continent → capital tree")
+    ctx.progress(0.55 + 0.35 * (total - 1) / total, "served model: continent → capital tree")
     k, deg = cfg.llm_tree_k, cfg.llm_tree_degree
     per = k // deg
     by_cont: dict[str, list[int]] = {}
@@ -235,8 +357,47 @@ def _llm_arm(ctx: RunContext, cfg: Config, rng: np.random.Generator) -> dict[str
     return out
 
 
-@register_suite("powerlaw-cot", version=2, config=Config,
-                null_method="the sphere classifiers are left at their random initialisation")
+def _two_hop_arm(ctx: RunContext, cfg: Config, rng: np.random.Generator) -> dict[str, Any]:
+    """Two-hop questions with a known tree: "on which continent is the country whose capital is
+    C?" (capital → country → continent). Direct: the continent is scored right after the question.
+    Step by step: the model first states the country (its own most likely choice among the true one
+    and hop_k − 1 others), then the continent is scored with that statement in the prompt; step 2
+    is also scored after the true country (teacher forced), the per-step error of the chain."""
+    rows = load_capitals()
+    continents = sorted({r[2] for r in rows})
+    options = [" " + c for c in continents]
+    direct_err = chain_err = e1 = e2 = 0
+    items = []
+    for i in range(cfg.hop_questions):
+        if i % 4 == 0:
+            ctx.progress(0.9 + 0.08 * i / cfg.hop_questions, "served model: two-hop questions")
+        q = int(rng.integers(len(rows)))
+        country, cap, cont = rows[q]
+        cands = [q, *rng.choice([j for j in range(len(rows)) if j != q], size=cfg.hop_k - 1, replace=False).tolist()]
+        truth = continents.index(cont)
+        direct = _pick(ctx.llm.continuation_logprobs(f"The country whose capital is {cap} is on the continent of",
+                                                     options))
+        step1 = _pick(ctx.llm.continuation_logprobs(f"{cap} is the capital of", [" " + rows[j][0] for j in cands]))
+        said = rows[cands[step1]][0]
+        chain = _pick(ctx.llm.continuation_logprobs(f"{cap} is the capital of {said}. {said} is on the continent of",
+                                                    options))
+        step2 = chain if step1 == 0 else _pick(ctx.llm.continuation_logprobs(
+            f"{cap} is the capital of {country}. {country} is on the continent of", options))
+        direct_err += direct != truth
+        chain_err += chain != truth
+        e1 += step1 != 0
+        e2 += step2 != truth
+        items.append({"capital": cap, "candidates": [rows[j][0] for j in cands], "direct": continents[direct],
+                      "said": said, "chain": continents[chain]})
+    n = cfg.hop_questions
+    ctx.record_data("two_hop_questions", json.dumps(items))
+    return {"questions": n, "step1_options": cfg.hop_k, "answer_options": len(continents),
+            "chance_error": 1 - 1 / len(continents), "direct_error": direct_err / n, "chain_error": chain_err / n,
+            "step1_error": e1 / n, "step2_error": e2 / n, "independent_prediction": 1 - (1 - e1 / n) * (1 - e2 / n)}
+
+
+@register_suite("powerlaw-cot", version=3, config=Config,
+                null_method="the sphere and tree classifiers are left at their random initialisation")
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)
     cfg = config
@@ -252,7 +413,7 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     for d in cfg.dims:
         errs = []
         for m in cfg.classes:
-            ctx.progress(0.05 + 0.5 * done / n_runs, f"sphere d={d} m={m}")
+            ctx.progress(0.05 + 0.35 * done / n_runs, f"sphere d={d} m={m}")
             errs.append(_sphere_error(d, m, cfg, seed * 1000 + d * 10007 + m))
             done += 1
         ms = np.array(cfg.classes, float)
@@ -270,6 +431,9 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
                             fixed["r2"], ">=", 0.9, "R² of the fit with the exponent fixed at 2/d"))
         claims.append(claim(f"sphere_error_increases_with_m_d{d}", "more classes → higher error",
                             errs[-1] - errs[0], ">", 0.0, f"ε(m={cfg.classes[-1]}) − ε(m={cfg.classes[0]})"))
+        claims.append(claim(f"sphere_free_exponent_near_2_over_d_d{d}", "the fitted exponent is the theory's 2/d",
+                            abs(free["alpha"] - 2 / d) / (2 / d), "<=", 0.5,
+                            f"|α_free − 2/d| / (2/d), α_free = {free['alpha']:.3f}, 2/d = {2 / d:.3f}"))
     if len(cfg.dims) >= 2:
         lo, hi = min(cfg.dims), max(cfg.dims)
         # the paper's exponent is 2/d: the free-exponent fit should flatten as d grows
@@ -278,8 +442,12 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
         claims.append(claim("sphere_free_exponent_decreases_with_d", "the error exponent 2/d falls with d",
                             a_lo - a_hi, ">", 0.0, f"free-fit α(d={lo}) − α(d={hi})"))
 
-    uses_llm = bool(cfg.llm_ks)
-    if uses_llm:
+    c, cl, metrics["tree"] = _tree_arm(ctx, cfg, seed)
+    checks += c
+    claims += cl
+
+    uses_llm = bool(cfg.llm_ks) or cfg.hop_questions > 0
+    if cfg.llm_ks:
         arm = _llm_arm(ctx, cfg, rng)
         metrics["served"] = arm
         errs_k = [arm["flat"][str(k)]["error"] for k in cfg.llm_ks]
@@ -290,6 +458,13 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
                             "hurt at equal K", t["flat_error_same_candidates"] - t["chain_error"], ">=", 0.0,
                             "flat error − chain error on the same candidates"))
         metrics["served_headline_error_at_max_K"] = errs_k[-1]
+    if cfg.hop_questions > 0:
+        hop = _two_hop_arm(ctx, cfg, rng)
+        metrics["served_two_hop"] = hop
+        claims.append(claim("served_two_hop_steps_beat_direct", "stating the intermediate hop first lowers the error "
+                            "of a two-hop question", hop["direct_error"] - hop["chain_error"], ">", 0.0,
+                            f"direct error − step-by-step error over {hop['questions']} questions "
+                            f"(capital → country among {hop['step1_options']} → continent)"))
 
     import matplotlib
 
@@ -299,7 +474,7 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     fig, ax = plt.subplots(figsize=(4.5, 3.2))
     for d, e in curves.items():
         ax.plot(cfg.classes, e, "o-", label=f"sphere d={d}")
-    if uses_llm:
+    if cfg.llm_ks:
         ax.plot(cfg.llm_ks, [metrics["served"]["flat"][str(k)]["error"] for k in cfg.llm_ks], "s--",
                 label="served cloze")
     ax.set_xscale("log")
