@@ -599,11 +599,15 @@ def llm_judge_prompt(question: str, fact: str, answer: str) -> str:
 
 def llm_judge(llm: Any, items: list[tuple[str, str, str]]) -> list[bool]:
     """The served model as TAEF's judge: per (question, fact, answer), yes iff log p(yes) > log p(no)."""
-    out = []
-    for q, fact, ans in items:
-        yes, no = llm.continuation_logprobs(llm_judge_prompt(q, fact, ans), [" yes", " no"])
-        out.append(bool(yes > no))
-    return out
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(item: tuple[str, str, str]) -> bool:
+        yes, no = llm.continuation_logprobs(llm_judge_prompt(*item), [" yes", " no"])
+        return bool(yes > no)
+
+    # in flight together so the engine batches them; each verdict depends on its own prompt only
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, items))
 
 
 def judge_agreement(reference: list[bool], other: list[bool]) -> dict[str, Any]:
