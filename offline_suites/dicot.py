@@ -65,8 +65,7 @@ class Config:
 
 
 Config.SMOKE = Config()
-Config.FULL = Config(datasets=("ArrowHead", "OSULeaf", "BasicMotions"), seeds=3, iterations=200, filters=16,
-                     out_dim=128, max_length=256)
+Config.FULL = Config(datasets=("ArrowHead", "OSULeaf", "BasicMotions"), seeds=2, iterations=150)
 
 
 # ------------------------------------------------------------------------------------------ data

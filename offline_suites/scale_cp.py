@@ -46,7 +46,7 @@ class Config:
     ar_order: int = 3
     alpha: float = 0.1
     iid_reps: int = 400               # repetitions of the exchangeable split-CP coverage experiment
-    iid_cal: int = 49
+    iid_cal: int = 25                 # ⌈(n+1)(1−α)⌉ ≠ ⌈n(1−α)⌉ at n = 25, α = 0.1: an off-by-one quantile fails
     min_lowband_r2: float = 0.1       # the trained backbone must explain this much of the low-band residual
     null_method: bool = False         # backbone and gate untrained: zero low-band mean, unit scale
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
