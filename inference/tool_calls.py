@@ -140,6 +140,7 @@ def tool_spec(tools: Sequence[dict[str, Any]], tool_choice: str | dict[str, Any]
     if tool_choice == "none" or not tools:
         return None
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.exceptions import VLLMClientError
     from vllm.tool_parsers import ToolParserManager
     from vllm.tool_parsers.utils import get_json_schema_from_tools
 
@@ -155,7 +156,7 @@ def tool_spec(tools: Sequence[dict[str, Any]], tool_choice: str | dict[str, Any]
         req = ChatCompletionRequest(model="", messages=[], tools=list(tools), tool_choice=choice,
                                     parallel_tool_calls=parallel_tool_calls)
         schema = get_json_schema_from_tools(req.tool_choice or "auto", list(req.tools or []), req.parallel_tool_calls)
-    except ValueError as e:                 # pydantic's ValidationError and vLLM's errors are ValueErrors
+    except (ValueError, VLLMClientError) as e:   # pydantic's ValidationError is a ValueError
         raise InvalidOptionsError(f"Invalid 'tools' or 'tool_choice': {e}", param="tools") from e
     if isinstance(choice, dict):
         return ToolSpec(tuple(tools), "named", choice["function"]["name"], _as_dict(schema), parser_name, req)

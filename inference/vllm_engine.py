@@ -131,12 +131,14 @@ class VLLMEngineClient:
         # here on a throw-away copy so that a bad request is refused before its stream starts.
         if options.structured is None and not options.logit_bias:
             return
+        from vllm.exceptions import VLLMClientError
+
         params = _sampling_params(options, self._card.max_model_len)
         cfg = self._engine.vllm_config
         try:
             params.verify(self._engine.model_config, cfg.speculative_config, cfg.structured_outputs_config,
                           self._tokenizer)
-        except ValueError as e:
+        except (ValueError, VLLMClientError) as e:   # VLLMValidationError is a client error, not a ValueError
             # VLLMValidationError names the parameter; its str() would append the (possibly huge) value
             param = "logit_bias" if getattr(e, "parameter", None) == "logit_bias" else "structured"
             raise InvalidOptionsError(str(e.args[0]) if e.args else type(e).__name__, param=param) from e

@@ -475,6 +475,11 @@ AGENT_TOOLS = [
 ]
 
 
+# A tool result goes back whole into the conversation; the tools' own prompt already takes ~550 of SmolLM2's
+# tokens, so results are kept short enough for a few steps to fit a 1024-token context.
+_TOOL_OUTPUT_CHARS = 400
+
+
 def _call_args(raw: str) -> dict[str, Any]:
     try:
         args = json.loads(raw or "{}")
@@ -539,7 +544,7 @@ def llm_agent(dlg: Dialogue, chat: Callable[[list[dict[str, Any]]], Any], cfg: C
             for call in reply.tool_calls:
                 fn = call["function"]
                 _, out = env.call(t, fn["name"], _call_args(fn["arguments"]), msgs - 1)
-                messages.append({"role": "tool", "tool_call_id": call["id"], "content": out[:800]})
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": out[:_TOOL_OUTPUT_CHARS]})
         if ended is not None:
             break
         m = re.search(r"\[tables?:\s*([^\]]*)\]", answer or "")

@@ -100,3 +100,14 @@ def test_required_and_named_readers_hold_everything() -> None:
     # output cut short by max_tokens is no call: it goes out as the text it is
     _, rest, calls = _read({"type": "function", "function": {"name": "lookup"}}, ['{"key": "c'])
     assert rest == '{"key": "c' and calls == []
+
+
+def test_tools_vllm_cannot_combine_are_refused() -> None:
+    def tool(name: str, kind: str) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": name, "parameters": {
+            "type": "object", "$defs": {"X": {"type": kind}}, "properties": {"x": {"$ref": "#/$defs/X"}}}}}
+
+    # one `$defs` name with two schemas cannot become one required-call schema
+    with pytest.raises(InvalidOptionsError, match="multiple schemas") as e:
+        tool_spec([tool("a", "string"), tool("b", "integer")], "required", None, "hermes")
+    assert e.value.param == "tools"
