@@ -107,10 +107,8 @@ class EngineLLMClient:
         from inference.engine import PromptTooLongError
         from inference.types import SamplingOptions
 
-        if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
-            ids = self.engine.apply_chat_template(list(messages), add_generation_prompt=True, tools=tools)
-        else:
-            ids = self.engine.apply_chat_template(list(messages), add_generation_prompt=True)
+        # the engine decides how tools, calls and tool results reach the model's template
+        ids = self.engine.apply_chat_template(list(messages), add_generation_prompt=True, tools=tools)
         opts = SamplingOptions(max_tokens=max_tokens, temperature=temperature, seed=seed, stop=tuple(stop))
         parts: list[str] = []
         n_out, finish = 0, None
