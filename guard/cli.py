@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from guard.build.pipeline import DEFAULT_ARTIFACTS, PRESETS
+from guard.recipe.pipeline import DEFAULT_ARTIFACTS, PRESETS
 
 
 def _parse_overrides(items: list[str] | None) -> dict[str, Any]:
@@ -48,7 +48,7 @@ def _apply(cfg: Any, overrides: dict[str, Any]) -> Any:
 def _build(args: argparse.Namespace) -> int:
     from dataclasses import fields
 
-    from guard.build.pipeline import PRESETS, build
+    from guard.recipe.pipeline import PRESETS, build
 
     cfg = _apply(PRESETS[args.preset], _parse_overrides(args.set))
     prov = build(args.out, base_model=args.base_model, preset=args.preset, work_dir=args.work_dir,

@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from guard.build import calibration as C
-from guard.build.encode import guard_tokens
-from guard.build.sources import Sample, data_hash
 from guard.bundle import MonitorSpec, load_model_for, read_manifest
 from guard.monitor import GateScorer, score_sequence
+from guard.recipe import calibration as C
+from guard.recipe.encode import guard_tokens
+from guard.recipe.sources import Sample, data_hash
 from guard.text import user
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def residual_rows(model: Any, tok: Any, layer: int, samples: Sequence[Sample], m
                   batch_tokens: int = 6144) -> list[tuple[Any, tuple[int, int], int | None]]:
     """(residual after layer L, scored span, onset token within the span) per sample; conversations longer
     than ``max_tokens`` keep their end, as the guard's context does."""
-    from guard.build.sae import residuals_at
+    from guard.recipe.sae import residuals_at
 
     metas = []
     for s in samples:
@@ -204,7 +204,7 @@ def gate_metrics(samples: Sequence[Sample], scored: Sequence[Scored]) -> dict[st
 # baselines
 
 def _posthoc(model: Any, tok: Any, samples: Sequence[Sample], max_len: int) -> np.ndarray:
-    from guard.build.safeguard import verdict_scores
+    from guard.recipe.safeguard import verdict_scores
 
     return verdict_scores(model, tok, samples, max_len)
 
@@ -269,7 +269,7 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
              threads: int = 2) -> dict[str, Any]:
     import torch
 
-    from guard.build.pipeline import is_benign_traffic
+    from guard.recipe.pipeline import is_benign_traffic
 
     torch.set_num_threads(threads)
     t0 = time.time()

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from guard.build.pipeline import DEFAULT_ARTIFACTS
-from guard.build.safeguard import VERDICT_SUFFIX, word_ids
-from guard.build.sources import corpus_texts
 from guard.bundle import MonitorSpec, load_model_for
 from guard.evaluate import load_build_data
 from guard.monitor import score_sequence
+from guard.recipe.pipeline import DEFAULT_ARTIFACTS
+from guard.recipe.safeguard import VERDICT_SUFFIX, word_ids
+from guard.recipe.sources import corpus_texts
 from guard.runner import decoder_layers
 from guard.text import prompt_text, token_span, user
 

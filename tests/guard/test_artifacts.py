@@ -89,9 +89,9 @@ def test_sae_metrics_reproduce_on_held_out_text() -> None:
     selection or calibration) with the build's own code reproduce the recorded numbers."""
     import torch
 
-    from guard.build.pipeline import PRESETS, heldout_metrics
     from guard.bundle import load_model_for
     from guard.evaluate import load_build_data
+    from guard.recipe.pipeline import PRESETS, heldout_metrics
     from guard.sae import load_sae
 
     torch.set_num_threads(2)

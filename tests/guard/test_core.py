@@ -6,22 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from guard.build.calibration import (
-    best_f1_threshold,
-    operating_point,
-    prf,
-    threshold_at_budget,
-    threshold_at_fpr,
-)
-from guard.build.encode import TokenData
-from guard.build.selection import (
-    HeadConfig,
-    diff_scores,
-    fit_head,
-    head_sample_scores,
-    reference_head,
-    token_density,
-)
 from guard.monitor import (
     CausalNormFilter,
     GateScorer,
@@ -31,6 +15,22 @@ from guard.monitor import (
     causal_norm_mask,
     pool,
     score_sequence,
+)
+from guard.recipe.calibration import (
+    best_f1_threshold,
+    operating_point,
+    prf,
+    threshold_at_budget,
+    threshold_at_fpr,
+)
+from guard.recipe.encode import TokenData
+from guard.recipe.selection import (
+    HeadConfig,
+    diff_scores,
+    fit_head,
+    head_sample_scores,
+    reference_head,
+    token_density,
 )
 from guard.sae import (
     SelectedEncoder,
@@ -352,7 +352,7 @@ def test_threshold_at_fpr_is_the_most_recall_within_the_false_positive_budget():
 
 
 def test_batchtopk_threshold_gives_l0_near_k():
-    from guard.build.sae import batchtopk_threshold
+    from guard.recipe.sae import batchtopk_threshold
 
     sae = _rand_jumprelu(d_in=16, d_sae=64, thr=0.0)
     x = torch.randn(4096, 16)

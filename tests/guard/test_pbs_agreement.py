@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from guard.build.sources import corpus_texts
 from guard.pbs_agreement import build_documents, run, summarise
+from guard.recipe.sources import corpus_texts
 from inference.pbs_attn.config import PBSSettings
 
 ART = Path(__file__).resolve().parents[2] / "guard" / "artifacts"

@@ -14,7 +14,7 @@ from tests.guard.test_production import _save_tiny
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from guard.build import build
+    from guard.recipe import build
 
     d = tmp_path_factory.mktemp("pipe")
     _save_tiny("llama", d / "model", len(tiny_tokenizer()))
@@ -77,7 +77,7 @@ def test_eval_and_bench_run(built, tmp_path):
 
 
 def test_rebuild_reuses_unchanged_stages(built, tmp_path):
-    from guard.build import build
+    from guard.recipe import build
 
     d, prov = built
     again = build(tmp_path / "art", base_model=d / "model", preset="smoke", work_dir=d / "work",

@@ -55,8 +55,8 @@ def test_registry_is_explicit_and_loud():
 @pytest.mark.parametrize("kind,sae_kind", [("qwen3", "dictionary_learning"), ("gemma2", "sae_lens"),
                                            ("llama", "sae_lens")])
 def test_pretrained_guard_builds_and_serves(tmp_path, kind, sae_kind):
-    from guard.build import build
     from guard.config import GuardSettings
+    from guard.recipe import build
     from guard.service import NextGuard
 
     vocab = len(tiny_tokenizer())
@@ -68,7 +68,7 @@ def test_pretrained_guard_builds_and_serves(tmp_path, kind, sae_kind):
     art = tmp_path / "art"
     from dataclasses import replace
 
-    from guard.build.pipeline import SMOKE
+    from guard.recipe.pipeline import SMOKE
 
     prov = build(art, base_model=tmp_path / "model", preset="smoke", work_dir=tmp_path / "work",
                  overrides={"sae_source": f"{sae_kind}:{tmp_path / 'sae'}", "threads": 1,

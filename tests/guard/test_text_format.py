@@ -10,8 +10,8 @@ import random
 import pytest
 
 from guard.api import GuardPolicy
-from guard.build.encode import guard_input
-from guard.build.sources import Sample
+from guard.recipe.encode import guard_input
+from guard.recipe.sources import Sample
 from guard.text import ResponseFeed, conversation_text, prompt_text, response_context, response_text
 from inference.types import TokenDelta
 from tests.guard.conftest import make_guard

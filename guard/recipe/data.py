@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from guard.build import prompts as P
-from guard.build import sources as S
-from guard.build.generate import GenRequest, GenResult, generate
-from guard.build.sources import Sample
+from guard.recipe import prompts as P
+from guard.recipe import sources as S
+from guard.recipe.generate import GenRequest, GenResult, generate
+from guard.recipe.sources import Sample
 from guard.text import Conversation
 
 log = logging.getLogger(__name__)

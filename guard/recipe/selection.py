@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from guard.build.encode import TokenData
 from guard.monitor import Head, Pooling
+from guard.recipe.encode import TokenData
 
 log = logging.getLogger(__name__)
 

@@ -164,10 +164,10 @@ def generate(reqs: Sequence[GenRequest], cache: Path, *, concurrency: int = 48, 
         have = load_results(cache)
     elif todo:
         log.info("generating %d answers (%d cached)", len(todo), len(have))
+        import os
+
         from inference.config import InferenceSettings
         from inference.vllm_engine import VLLMEngineClient
-
-        import os
 
         bind = threads_bind or f"0-{(os.cpu_count() or 1) - 1}"
         engine = VLLMEngineClient.from_settings(InferenceSettings(

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from guard.build.sources import Sample
 from guard.monitor import causal_norm_mask
+from guard.recipe.sources import Sample
 from guard.text import GuardText, prompt_text, response_text, token_span
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def encode_samples(model: Any, tok: Any, saes: dict[int, Any], samples: Sequence
     limit at serve time); the span is clipped accordingly."""
     import torch
 
-    from guard.build.sae import residuals_at
+    from guard.recipe.sae import residuals_at
 
     metas = []
     for s in samples:

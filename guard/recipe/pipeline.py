@@ -1,8 +1,8 @@
 """``nextguard guard build``: the whole recipe, reproducibly, into ``guard/artifacts/``.
 
-Stages (each its own module): data (:mod:`~guard.build.data`) -> safeguard (:mod:`~guard.build.safeguard`)
--> SAEs on candidate layers (:mod:`~guard.build.sae`) -> activations (:mod:`~guard.build.encode`) ->
-read-outs (:mod:`~guard.build.selection`) -> thresholds under a budget (:mod:`~guard.build.calibration`).
+Stages (each its own module): data (:mod:`~guard.recipe.data`) -> safeguard (:mod:`~guard.recipe.safeguard`)
+-> SAEs on candidate layers (:mod:`~guard.recipe.sae`) -> activations (:mod:`~guard.recipe.encode`) ->
+read-outs (:mod:`~guard.recipe.selection`) -> thresholds under a budget (:mod:`~guard.recipe.calibration`).
 
 Fitting uses the *select* split, thresholds and every choice between variants (layer, window, sparsity)
 the *calib* split; the *test* split is only read by ``guard eval`` (and by the SAE's held-out measurement).
@@ -25,15 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from guard.build import calibration as C
-from guard.build import data as DATA
-from guard.build.encode import TokenData, encode_samples
-from guard.build.safeguard import SafeguardConfig, train_safeguard, verdict_scores
-from guard.build.sae import SAEConfig, train_saes
-from guard.build.selection import HeadConfig, fit_head, head_sample_scores, reference_head, token_density
-from guard.build.sources import Sample, corpus_texts
 from guard.bundle import GateSpec, MonitorSpec, write_manifest
 from guard.monitor import Head
+from guard.recipe import calibration as C
+from guard.recipe import data as DATA
+from guard.recipe.encode import TokenData, encode_samples
+from guard.recipe.sae import SAEConfig, train_saes
+from guard.recipe.safeguard import SafeguardConfig, train_safeguard, verdict_scores
+from guard.recipe.selection import HeadConfig, fit_head, head_sample_scores, reference_head, token_density
+from guard.recipe.sources import Sample, corpus_texts
 from guard.text import prompt_text, response_text
 
 log = logging.getLogger(__name__)
@@ -445,7 +445,7 @@ def heldout_metrics(model: Any, tok: Any, saes: dict[int, Any], test: list[Sampl
     """SAE metrics on guard-format text of the test split (never in SAE training, selection or calibration)."""
     import torch
 
-    from guard.build.sae import outlier_mask, residuals_at
+    from guard.recipe.sae import outlier_mask, residuals_at
     from guard.sae import sae_metrics
 
     texts = _guard_texts(sorted(test, key=lambda s: s.key()))

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from guard.build.sources import Sample
+from guard.recipe.sources import Sample
 from guard.text import prompt_text, response_text
 
 log = logging.getLogger(__name__)
