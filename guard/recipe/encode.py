@@ -162,3 +162,47 @@ def encode_samples(model: Any, tok: Any, saes: dict[int, Any], samples: Sequence
                                np.concatenate(val) if val else np.zeros(0, np.float32), np.array(sptr, dtype=np.int64),
                                int(saes[layer].cfg.d_sae))
     return out
+
+
+def encode_cached(cache: Any, sae: Any, layer: int, idx: Sequence[int], norm_ratio: float = 10.0,
+                  batch_rows: int = 16384) -> TokenData:
+    """:func:`encode_samples` from the residual cache: SAE activations over the scored spans of the cache's
+    samples ``idx`` (in that order), norm-filtered exactly as at serve time."""
+    import torch
+
+    from guard.recipe.cache import bits_to_float
+    from guard.recipe.sae import cache_norms
+
+    norms = cache_norms(cache, layer)
+    arr = cache.array(layer)
+    row_parts, keep_parts, sptr = [], [], [0]
+    for i in idx:
+        a0, n = int(cache.starts[i]), int(cache.lengths[i])
+        kept = causal_norm_mask(norms[a0:a0 + n], norm_ratio)
+        a, b = cache.span(i)
+        row_parts.append(np.arange(a, b, dtype=np.int64) + a0)
+        keep_parts.append(kept[a:b])
+        sptr.append(sptr[-1] + max(0, b - a))
+    # a token the filter drops stays as an empty row, so positions keep their meaning
+    all_rows = np.concatenate(row_parts) if row_parts else np.zeros(0, np.int64)
+    keep_set = np.concatenate(keep_parts) if keep_parts else np.zeros(0, bool)
+    counts = np.zeros(len(all_rows), dtype=np.int64)
+    idx_parts, val_parts = [], []
+    t0 = time.time()
+    with torch.no_grad():
+        for a in range(0, len(all_rows), batch_rows):
+            sel = np.arange(a, min(a + batch_rows, len(all_rows)))
+            sel = sel[keep_set[sel]]
+            if not len(sel):
+                continue
+            x = bits_to_float(np.asarray(arr[all_rows[sel]]))
+            acts = sae.encode(x).numpy()
+            rr, cc = np.nonzero(acts)
+            counts[sel] = np.bincount(rr, minlength=len(sel))
+            idx_parts.append(cc.astype(np.int32))
+            val_parts.append(acts[rr, cc].astype(np.float32))
+    log.info("encoded %d samples / %d tokens at layer %d (%.0fs)", len(idx), len(all_rows), layer, time.time() - t0)
+    return TokenData(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+                     np.concatenate(idx_parts) if idx_parts else np.zeros(0, np.int32),
+                     np.concatenate(val_parts) if val_parts else np.zeros(0, np.float32),
+                     np.array(sptr, dtype=np.int64), int(sae.cfg.d_sae))

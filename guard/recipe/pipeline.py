@@ -29,12 +29,11 @@ from guard.bundle import GateSpec, MonitorSpec, write_manifest
 from guard.monitor import Head
 from guard.recipe import calibration as C
 from guard.recipe import data as DATA
-from guard.recipe.encode import TokenData, encode_samples
-from guard.recipe.sae import SAEConfig, train_saes
+from guard.recipe.encode import TokenData
+from guard.recipe.sae import SAEConfig
 from guard.recipe.safeguard import SafeguardConfig, train_safeguard, verdict_scores
 from guard.recipe.selection import HeadConfig, fit_head, head_sample_scores, reference_head, token_density
-from guard.recipe.sources import Sample, corpus_texts
-from guard.text import prompt_text, response_text
+from guard.recipe.sources import Sample
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +60,15 @@ class BuildConfig:
     # a pretrained SAE instead of training one (guard.production.load_sae_source: dictionary_learning:<dir>,
     # sae_lens:<dir or release@id>, or a production name); its layer is the single entry of sae.layers
     sae_source: str | None = None
-    # the monitored network's dtype at build and (by default) at serve time; bf16 only where it is native
-    dtype: str = "float32"
+    # the monitored network's dtype at build and (by default) at serve time: "auto" = bf16 where it is
+    # native (AVX512-BF16/AMX, CUDA), fp32 where it would be emulated; recorded in the provenance
+    dtype: str = "auto"
+    # layers whose residuals are cached for the dense probes of the evaluation ladder (SAE layers always are)
+    probe_layers: tuple[int, ...] = (6,)
+    # the committed LoRA adapter is reused unless this is set (or its base model differs)
+    retrain_safeguard: bool = False
+    # test-split tokens for each SAE's held-out numbers
+    sae_heldout_tokens: int = 200_000
     threads: int = 2
     # at most this many samples per split and gate are encoded for fitting read-outs and thresholds (None:
     # all), drawn at random within each (gate, label, source); the calibration split's benign traffic is kept
@@ -76,10 +82,11 @@ SMOKE = BuildConfig(
                          max_tokens=24, refusal_max_tokens=12, pair_templates=1, concurrency=8, backend="transformers",
                          limit=16),
     safeguard=SafeguardConfig(r=2, batch=4, max_len=96, max_steps=4, eval_every=2, patience=1, n_val=8, warmup=1),
-    sae=SAEConfig(layers=(1, 2), width=128, k=8, tokens=12_000, context=64, buffer_tokens=4096, batch=256, warmup_steps=2,
-                  dead_window=10),
+    sae=SAEConfig(layers=(1, 2), width=128, k=8, token_passes=12_000, batch=256, warmup_steps=2, dead_tokens=2_000,
+                  eval_every=10, heldout_tokens=2_000),
     head=HeadConfig(window=4, min_count=2, max_latents=8, candidates=64, steps=20, refit_steps=10, max_density=0.5, min_samples=1),
-    head_grid=((4, 2, 3e-3),), max_tokens=256, category_latents=4, min_category_samples=2)
+    head_grid=((4, 2, 3e-3),), max_tokens=256, category_latents=4, min_category_samples=2, probe_layers=(0,),
+    sae_heldout_tokens=4_000, dtype="float32")
 PRESETS = {"cpu": CPU, "smoke": SMOKE}
 
 
@@ -202,6 +209,40 @@ def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_c
 # ------------------------------------------------------------------------------------------------
 # the build
 
+class Progress:
+    """Per-stage progress with an ETA, logged as each stage (or a slice of one) advances."""
+
+    def __init__(self, stages: dict[str, float]) -> None:
+        self.weights = stages           # rough share of wall time per stage, for the overall ETA
+        self.done: dict[str, float] = dict.fromkeys(stages, 0.0)
+        self.t0 = time.time()
+        self.stage_t0: dict[str, float] = {}
+        self._last = 0.0
+
+    def start(self, stage: str) -> None:
+        self.stage_t0[stage] = time.time()
+        log.info("== stage %s (%d/%d)", stage, list(self.weights).index(stage) + 1, len(self.weights))
+
+    def update(self, stage: str, frac: float, force: bool = False) -> None:
+        self.done[stage] = min(max(frac, 0.0), 1.0)
+        now = time.time()
+        if not force and now - self._last < 30:
+            return
+        self._last = now
+        el = now - self.stage_t0.get(stage, now)
+        eta = el / self.done[stage] * (1 - self.done[stage]) if self.done[stage] > 0 else float("nan")
+        total = sum(self.weights.values())
+        overall = sum(self.weights[k] * v for k, v in self.done.items()) / total
+        oel = now - self.t0
+        oeta = oel / overall * (1 - overall) if overall > 0 else float("nan")
+        log.info("progress: %s %.0f%% (ETA %.0f s) | build %.0f%% (ETA %.0f s)", stage, 100 * self.done[stage], eta,
+                 100 * overall, oeta)
+
+    def finish(self, stage: str) -> float:
+        self.update(stage, 1.0, force=True)
+        return time.time() - self.stage_t0.get(stage, time.time())
+
+
 def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -237,20 +278,48 @@ def _fit_subset(samples: list[Sample], n: int | None, seed: int, keep_benign: bo
     return [samples[i] for i in sorted(kept)]
 
 
-def _guard_texts(samples: list[Sample]) -> list[str]:
-    return [(prompt_text(s.conv) if s.response is None else response_text(s.conv, s.response)).text for s in samples]
+def _file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _stop_sample(s: Sample) -> bool:
+    """One twentieth of the fitting samples, by key, held out of SAE training for its early stop."""
+    return int(s.key()[:8], 16) % 20 == 0
+
+
+def _commit(paths: list[Path], message: str, enabled: bool) -> None:
+    """Commit a finished stage's durable outputs (``--commit-stages``), so a build interrupted later can
+    continue from them on another machine."""
+    if not enabled:
+        return
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    existing = [str(p) for p in paths if p.exists()]
+    subprocess.run(["git", "-C", str(root), "add", "-A", "--", *existing], check=True)
+    r = subprocess.run(["git", "-C", str(root), "diff", "--cached", "--quiet"], check=False)
+    if r.returncode != 0:
+        subprocess.run(["git", "-C", str(root), "commit", "-q", "-m", message], check=True)
+        log.info("committed: %s", message)
 
 
 def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None = None, preset: str = "cpu",
           work_dir: str | Path | None = None, overrides: dict[str, Any] | None = None,
-          dataset: str | Path | None = None) -> dict[str, Any]:
+          dataset: str | Path | None = None, commit_stages: bool = False) -> dict[str, Any]:
     """Run the recipe and write the artifacts; returns the provenance dict (also written to disk).
 
     ``dataset``: an existing dataset file (``save_dataset`` format, e.g. a published ``data.jsonl.gz``)
-    used instead of generating one, so the monitor can be rebuilt from exactly the same samples."""
+    used instead of generating one, so the monitor can be rebuilt from exactly the same samples.
+    Durable stage outputs (LoRA, candidate SAEs, read-outs, calibration) go to ``out_dir`` as each stage
+    ends and are reused by a later build with the same inputs; the residual cache and encodings stay in
+    ``work_dir``."""
     import torch
 
+    from guard.recipe.cache import build_cache, cpu_features, preferred_dtype
+    from guard.recipe.encode import encode_cached
+    from guard.recipe.sae import train_sae, training_rows
     from guard.runner import load_guard_model
+    from guard.sae import load_sae, sae_metrics, save_sae
 
     if preset not in PRESETS:
         import difflib
@@ -258,6 +327,7 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
         close = difflib.get_close_matches(preset, PRESETS, n=1)
         raise KeyError(f"Unknown preset '{preset}'.{f' Did you mean {close[0]!r}?' if close else ''} Available: {', '.join(PRESETS)}")
     cfg = replace(PRESETS[preset], **(overrides or {}))
+    dtype = preferred_dtype() if cfg.dtype == "auto" else cfg.dtype
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(out_dir)
@@ -273,54 +343,234 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
         from inference.embedded import ensure_embedded_model
 
         base_model = ensure_embedded_model()
+    base_id = "embedded" if embedded else str(base_model)
+    layers = tuple(sorted(set(cfg.sae.layers)))
+    cache_layers = tuple(sorted(set(layers) | set(cfg.probe_layers)))
+    prog = Progress({"data": 1, "safeguard": 1, "cache": 25, "sae": 40, "encode": 6, "layer_choice": 4,
+                     "monitor_lora": 4, "cache_base": 12, "monitor_base": 4, "posthoc": 3})
     timings: dict[str, float] = {}
     t_all = time.time()
+    old_prov = json.loads((out / "provenance.json").read_text()) if (out / "provenance.json").is_file() else {}
 
     # 1. data
-    t = time.time()
+    prog.start("data")
     if dataset is not None:
         ds = DATA.load_dataset(Path(dataset))
     else:
         ds = DATA.build_dataset(cfg.data, work, model=None if embedded and cfg.data.backend == "vllm" else str(base_model))
     data_info = DATA.save_dataset(ds, work / "data.jsonl")
-    with open(work / "data.jsonl", "rb") as f_in, gzip.open(out / "data.jsonl.gz", "wb", compresslevel=9) as f_out:
-        shutil.copyfileobj(f_in, f_out)
-    timings["data"] = time.time() - t
+    if dataset is None or Path(dataset).resolve() != (out / "data.jsonl.gz").resolve():
+        with open(work / "data.jsonl", "rb") as f_in, gzip.open(out / "data.jsonl.gz", "wb", compresslevel=9) as f_out:
+            shutil.copyfileobj(f_in, f_out)
     sel, cal, tst = ds.splits["select"], ds.splits["calib"], ds.splits["test"]
     log.info("data: select %d calib %d test %d", len(sel), len(cal), len(tst))
+    timings["data"] = prog.finish("data")
 
-    # 2. safeguard
-    t = time.time()
+    # 2. safeguard: the committed adapter is reused unless asked to retrain or its training inputs changed
+    prog.start("safeguard")
     base, tok = load_guard_model(base_model, dtype="float32")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    sg_key = _hash([asdict(cfg.safeguard), data_info["select"]["sha256"], data_info["calib"]["sha256"]])
-    adapter = work / f"lora-{sg_key}"
+    sg_key = _hash([asdict(cfg.safeguard), data_info["select"]["sha256"], data_info["calib"]["sha256"], base_id])
     rng = np.random.default_rng(cfg.seed)
-    val = [cal[i] for i in sorted(rng.choice(len(cal), min(cfg.safeguard.n_val, len(cal)), replace=False))]
     if cfg.safeguard.max_steps == 0:
         # a pretrained guard (e.g. Qwen3Guard): monitored as it is, under the name "base"
         cfg = replace(cfg, monitored=("base",))
         sg_m: dict[str, Any] = {"skipped": True}
-    elif (adapter / "adapter_config.json").is_file():
-        sg_m = json.loads((adapter / "train_metrics.json").read_text())
     else:
-        import copy
+        meta_f = out / "lora" / "build.json"
+        have = (out / "lora" / "adapter_config.json").is_file()
+        recorded = json.loads(meta_f.read_text()) if meta_f.is_file() else {}
+        reuse = have and not cfg.retrain_safeguard and recorded.get("base_model", base_id) == base_id and (
+            recorded.get("key") in (None, sg_key))
+        if reuse:
+            sg_m = dict(old_prov.get("safeguard", {})) or dict(recorded.get("metrics", {}))
+            sg_m["reused"] = {"adapter_sha256": _file_hash(out / "lora" / "adapter_model.safetensors"),
+                              "why": "committed adapter (retrain_safeguard=False)"}
+            log.info("safeguard: reusing the committed adapter %s", sg_m["reused"]["adapter_sha256"])
+        else:
+            wl = work / f"lora-{sg_key}"
+            if (wl / "build.json").is_file():
+                sg_m = json.loads((wl / "build.json").read_text())["metrics"]
+            else:
+                import copy
 
-        pm, sg_m = train_safeguard(copy.deepcopy(base), tok, sel, val, cfg.safeguard)
-        pm.save_pretrained(str(adapter))
-        (adapter / "train_metrics.json").write_text(json.dumps(sg_m, indent=1))
-        del pm
-    if (out / "lora").exists():
-        shutil.rmtree(out / "lora")
-    base_m = base.to(getattr(torch, cfg.dtype))
+                val = [cal[i] for i in sorted(rng.choice(len(cal), min(cfg.safeguard.n_val, len(cal)), replace=False))]
+                pm, sg_m = train_safeguard(copy.deepcopy(base), tok, sel, val, cfg.safeguard)
+                pm.save_pretrained(str(wl))
+                (wl / "build.json").write_text(json.dumps({"key": sg_key, "base_model": base_id, "metrics": sg_m},
+                                                          indent=1))
+                del pm
+            if (out / "lora").exists():
+                shutil.rmtree(out / "lora")
+            shutil.copytree(wl, out / "lora")
+            _commit([out / "lora"], "guard build: safeguard LoRA", commit_stages)
+    lora_id = base_id + (f"|lora:{_file_hash(out / 'lora' / 'adapter_model.safetensors')}" if "lora" in cfg.monitored else "")
     if "lora" in cfg.monitored:
-        shutil.copytree(adapter, out / "lora", ignore=shutil.ignore_patterns("train_metrics.json"))
-        lora, _ = load_guard_model(base_model, out / "lora", dtype=cfg.dtype)
+        lora, _ = load_guard_model(base_model, out / "lora", dtype=dtype)
     else:
-        lora = base_m
-    timings["safeguard"] = time.time() - t
-    t = time.time()
+        lora = base.to(getattr(torch, dtype))
+    timings["safeguard"] = prog.finish("safeguard")
+
+    # 3. the residual cache: one forward per token of every sample, all candidate layers
+    prog.start("cache")
+    every = sel + cal + tst
+    cache = build_cache(lora, tok, every, cache_layers, work / "cache" / "lora", model_id=lora_id,
+                        max_tokens=cfg.max_tokens, dtype=dtype, progress=lambda d, n: prog.update("cache", d / n))
+    timings["cache"] = prog.finish("cache")
+    n_sel, n_cal = len(sel), len(cal)
+    idx_sel = list(range(n_sel))
+    idx_cal = list(range(n_sel, n_sel + n_cal))
+    idx_tst = list(range(n_sel + n_cal, len(every)))
+
+    # 4. SAEs on the candidate layers, from the cache
+    prog.start("sae")
+    fit_idx = idx_sel + idx_cal
+    train_idx = [i for i in fit_idx if not _stop_sample(every[i])]
+    stop_idx = [i for i in fit_idx if _stop_sample(every[i])]
+    sae_cfg = replace(cfg.sae, autocast=dtype == "bfloat16") if cfg.sae.autocast is None else cfg.sae
+    sae_key = _hash([asdict(sae_cfg), lora_id, data_info["select"]["sha256"], data_info["calib"]["sha256"], cfg.max_tokens])
+    saes: dict[int, Any] = {}
+    sae_m: dict[str, Any] = {"per_layer": {}}
+    for li, layer in enumerate(layers):
+        d = out / "candidates" / f"sae-L{layer}"
+        rec_f = d / "train.json"
+        if cfg.sae_source is not None:
+            from guard.production import load_sae_source
+
+            if len(layers) != 1:
+                raise ValueError("a pretrained SAE belongs to one layer: set sae.layers to that layer alone")
+            saes[layer] = load_sae_source(cfg.sae_source)
+            sae_m["source"] = cfg.sae_source
+            continue
+        wd = work / f"sae-{sae_key}" / str(layer)
+        if not (rec_f.is_file() and json.loads(rec_f.read_text()).get("key") == sae_key) and (wd / "train.json").is_file():
+            if d.exists():
+                shutil.rmtree(d)
+            shutil.copytree(wd, d)
+        if rec_f.is_file() and json.loads(rec_f.read_text()).get("key") == sae_key:
+            saes[layer] = load_sae(d)
+            sae_m["per_layer"][str(layer)] = json.loads(rec_f.read_text())["record"]
+            log.info("SAE layer %d: reusing %s", layer, d)
+        else:
+            resp = [every[i].response is not None for i in train_idx]
+            tr = training_rows(cache, layer, train_idx, resp)
+            st = training_rows(cache, layer, stop_idx, [every[i].response is not None for i in stop_idx])
+            np.random.default_rng(cfg.seed).shuffle(st)
+
+            def _p(done: int, total: int, li: int = li) -> None:
+                prog.update("sae", (li + done / total) / len(layers))
+
+            sae, rec = train_sae(cache, layer, tr, st, sae_cfg, progress=_p)
+            rows = training_rows(cache, layer, idx_tst, [every[i].response is not None for i in idx_tst])
+            rows = np.sort(np.random.default_rng(cfg.seed).choice(rows, min(len(rows), cfg.sae_heldout_tokens), replace=False))
+            from guard.recipe.cache import bits_to_float
+
+            rec["heldout_test_split"] = sae_metrics(sae, bits_to_float(np.asarray(cache.array(layer)[rows])))
+            log.info("SAE layer %d held-out (test split): %s", layer, rec["heldout_test_split"])
+            if d.exists():
+                shutil.rmtree(d)
+            save_sae(sae, d)
+            _shrink_sae(d)
+            saes[layer] = load_sae(d)          # the stored (bf16-rounded) weights are the ones used from here on
+            rec_f.write_text(json.dumps({"key": sae_key, "record": rec}, indent=1))
+            if wd.exists():
+                shutil.rmtree(wd)
+            shutil.copytree(d, wd)
+            sae_m["per_layer"][str(layer)] = rec
+            _commit([d], f"guard build: SAE on layer {layer} (held-out VE "
+                         f"{rec['heldout_test_split']['variance_explained']:.3f}, dead "
+                         f"{rec['heldout_test_split']['dead_fraction']:.3f})", commit_stages)
+    timings["sae"] = prog.finish("sae")
+
+    # 5. SAE activations of every sample's scored span, per candidate layer (from the cache)
+    prog.start("encode")
+    by_sel = _split_by_gate(sel)
+    by_cal = _split_by_gate(cal)
+    by_tst = _split_by_gate(tst)
+    gidx = {name: {g: [i for i in part if every[i].gate == g] for g in GATES}
+            for name, part in (("select", idx_sel), ("calib", idx_cal), ("test", idx_tst))}
+    enc: dict[str, dict[str, dict[int, TokenData]]] = {"select": {}, "calib": {}, "test": {}}
+    steps_total = 3 * len(GATES) * len(layers)
+    k = 0
+    for name in enc:
+        for g in GATES:
+            enc[name][g] = {}
+            for layer in layers:
+                p = work / "encoded" / f"lora-{sae_key}-L{layer}-{name}-{g}.npz"
+                if p.is_file():
+                    enc[name][g][layer] = TokenData.load(p)
+                else:
+                    td = encode_cached(cache, saes[layer], layer, gidx[name][g])
+                    p.parent.mkdir(parents=True, exist_ok=True)
+                    td.save(p)
+                    enc[name][g][layer] = td
+                k += 1
+                prog.update("encode", k / steps_total)
+    timings["encode"] = prog.finish("encode")
+
+    # 6. layer choice: the default read-out on each layer, compared on the calibration split
+    prog.start("layer_choice")
+    layer_report: dict[str, Any] = {}
+    for li, layer in enumerate(layers if len(layers) > 1 else ()):
+        fits, rep = fit_monitor({g: enc["select"][g][layer] for g in GATES}, by_sel,
+                                {g: enc["calib"][g][layer] for g in GATES}, by_cal, cfg, grid=False)
+        layer_report[str(layer)] = {g: {"recall": fits[g].calib["recall"], "average_precision": fits[g].calib["average_precision"],
+                                        "flagged_benign_traffic": fits[g].calib["flagged_benign_traffic"]} for g in GATES}
+        prog.update("layer_choice", (li + 1) / len(layers))
+    chosen = max(layers, key=lambda L: (np.mean([layer_report[str(L)][g]["average_precision"] for g in GATES]),
+                                        np.mean([layer_report[str(L)][g]["recall"] for g in GATES]))
+                 ) if layer_report else layers[0]
+    timings["layer_choice"] = prog.finish("layer_choice")
+    log.info("layer choice: %s -> %d", layer_report, chosen)
+
+    # 7. the monitors at the chosen layer
+    monitors: dict[str, Any] = {}
+    sae = saes[chosen]
+    if (out / "monitors").exists():          # a previous build's monitors must not outlive it
+        shutil.rmtree(out / "monitors")
+    if (out / "sae").exists():
+        shutil.rmtree(out / "sae")
+    shutil.copytree(out / "candidates" / f"sae-L{chosen}", out / "sae", ignore=shutil.ignore_patterns("train.json"))
+    base_td: dict[str, dict[str, TokenData]] = {}
+    for name in cfg.monitored:
+        stage = f"monitor_{name}"
+        if name == "lora" or "lora" not in cfg.monitored:
+            tsel = {g: enc["select"][g][chosen] for g in GATES}
+            tcal = {g: enc["calib"][g][chosen] for g in GATES}
+        else:
+            # the base network's residuals at the chosen layer, encoded with the same SAE
+            prog.start("cache_base")
+            base_m = base.to(getattr(torch, dtype))
+            bcache = build_cache(base_m, tok, every, (chosen,), work / "cache" / "base", model_id=base_id,
+                                 max_tokens=cfg.max_tokens, dtype=dtype,
+                                 progress=lambda d, n: prog.update("cache_base", d / n))
+            timings["cache_base"] = prog.finish("cache_base")
+            for nm, part in (("select", idx_sel), ("calib", idx_cal), ("test", idx_tst)):
+                for g in GATES:
+                    p = work / "encoded" / f"base-{sae_key}-L{chosen}-{nm}-{g}.npz"
+                    if p.is_file():
+                        base_td[f"{nm}/{g}"] = TokenData.load(p)
+                    else:
+                        td = encode_cached(bcache, sae, chosen, [i for i in part if every[i].gate == g])
+                        td.save(p)
+                        base_td[f"{nm}/{g}"] = td
+            tsel = {g: base_td[f"select/{g}"] for g in GATES}
+            tcal = {g: base_td[f"calib/{g}"] for g in GATES}
+        prog.start(stage)
+        fits, rep = fit_monitor(tsel, by_sel, tcal, by_cal, cfg, grid=True)
+        spec = MonitorSpec.from_gates({g: fits[g].spec for g in GATES}, sae, name, {"monitored": name, "layer": chosen},
+                                      {g: fits[f"reference/{g}"].spec for g in GATES})
+        spec.save(out / "monitors" / name)
+        monitors[name] = rep
+        timings[stage] = prog.finish(stage)
+        write_manifest(out, base_id, "lora" if "lora" in cfg.monitored else None, chosen,
+                       [m for m in cfg.monitored if (out / "monitors" / m).is_dir()], dtype)
+        _commit([out / "monitors", out / "sae", out / "manifest.json"],
+                f"guard build: {name} monitor at layer {chosen} (read-outs and calibration)", commit_stages)
+
+    # 8. the safeguard's own post-hoc verdict on a sample of each split (the ladder's top rung)
+    prog.start("posthoc")
     posthoc: dict[str, Any] = {}
     for split_name, part in (("calib", cal), ("test", tst)) if "lora" in cfg.monitored else ():
         for gate in GATES:
@@ -332,140 +582,31 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
                                                "average_precision": C.average_precision(v, labels(ss))}
     if posthoc:
         sg_m["posthoc_verdict"] = posthoc
-    timings["safeguard_eval"] = time.time() - t
-    if posthoc:
-        log.info("safeguard post-hoc verdict F1 (test, best-F1 threshold): prompt %.3f response %.3f",
-                 posthoc["test/prompt"]["best_f1"]["f1"], posthoc["test/response"]["best_f1"]["f1"])
+    timings["posthoc"] = prog.finish("posthoc")
 
-    # 3. SAEs on the candidate layers, trained on the safeguard's own residual stream
-    t = time.time()
-    from guard.sae import load_sae, save_sae
-
-    sae_key = _hash([asdict(cfg.sae), sg_key, data_info["select"]["sha256"]])
-    sae_dir = work / f"sae-{sae_key}"
-    if cfg.sae_source is not None:
-        from guard.production import load_sae_source
-
-        if len(cfg.sae.layers) != 1:
-            raise ValueError("a pretrained SAE belongs to one layer: set sae.layers to that layer alone")
-        saes = {cfg.sae.layers[0]: load_sae_source(cfg.sae_source)}
-        sae_m: dict[str, Any] = {"source": cfg.sae_source}
-    elif all((sae_dir / str(layer) / "cfg.json").is_file() for layer in cfg.sae.layers):
-        saes = {layer: load_sae(sae_dir / str(layer)) for layer in cfg.sae.layers}
-        sae_m = json.loads((sae_dir / "metrics.json").read_text())
-    else:
-        fit_samples = sel + cal
-        transcripts = _guard_texts([s for s in fit_samples if s.source.startswith("generator/") and s.response])
-        others = _guard_texts([s for s in fit_samples if not (s.source.startswith("generator/") and s.response)])
-        corpus = [x for v in corpus_texts().values() for x in v]
-        torch.set_num_threads(cfg.sae.threads)
-        saes, sae_m = train_saes(lora, tok, transcripts, others, corpus, cfg.sae)
-        for layer, sae in saes.items():
-            save_sae(sae, sae_dir / str(layer))
-        (sae_dir / "metrics.json").write_text(json.dumps(sae_m, indent=1))
-    timings["sae"] = time.time() - t
-
-    # 4. activations of select/calib (and test, for the SAE's held-out numbers) on every candidate layer
-    t = time.time()
-    by_sel = {g: _fit_subset(v, cfg.fit_samples, cfg.seed, keep_benign=False) for g, v in _split_by_gate(sel).items()}
-    by_cal = {g: _fit_subset(v, cfg.fit_samples, cfg.seed + 1, keep_benign=True) for g, v in _split_by_gate(cal).items()}
-    enc = {name: {g: _encoded(work, f"lora-{sae_key}-{name}-{g}", lora, tok, saes, part[g], cfg)
-                  for g in GATES} for name, part in (("select", by_sel), ("calib", by_cal))}
-    timings["encode_lora"] = time.time() - t
-    sae_m["heldout_test_split"] = heldout_metrics(lora, tok, saes, tst, cfg)
-
-    # 5. layer choice: the default read-out on each layer, compared on the calibration split
-    t = time.time()
-    layer_report: dict[str, Any] = {}
-    for layer in cfg.sae.layers if len(cfg.sae.layers) > 1 else ():
-        fits, rep = fit_monitor({g: enc["select"][g][layer] for g in GATES}, by_sel,
-                                {g: enc["calib"][g][layer] for g in GATES}, by_cal, cfg, grid=False)
-        layer_report[str(layer)] = {g: {"recall": fits[g].calib["recall"], "average_precision": fits[g].calib["average_precision"],
-                                        "flagged_benign_traffic": fits[g].calib["flagged_benign_traffic"]} for g in GATES}
-    chosen = max(cfg.sae.layers, key=lambda L: (np.mean([layer_report[str(L)][g]["recall"] for g in GATES]),
-                                                np.mean([layer_report[str(L)][g]["average_precision"] for g in GATES]))
-                 ) if layer_report else cfg.sae.layers[0]
-    timings["layer_choice"] = time.time() - t
-    log.info("layer choice: %s -> %d", layer_report, chosen)
-
-    # 6. the monitors at the chosen layer
-    monitors: dict[str, Any] = {}
-    sae = saes[chosen]
-    if (out / "monitors").exists():          # a previous build's monitors must not outlive it
-        shutil.rmtree(out / "monitors")
-    for name in cfg.monitored:
-        t = time.time()
-        if name == "lora" or "lora" not in cfg.monitored:
-            tsel = {g: enc["select"][g][chosen] for g in GATES}
-            tcal = {g: enc["calib"][g][chosen] for g in GATES}
-        else:
-            one = {chosen: sae}
-            tsel = {g: _encoded(work, f"base-{sae_key}-select-{g}", base_m, tok, one, by_sel[g], cfg)[chosen] for g in GATES}
-            tcal = {g: _encoded(work, f"base-{sae_key}-calib-{g}", base_m, tok, one, by_cal[g], cfg)[chosen] for g in GATES}
-        fits, rep = fit_monitor(tsel, by_sel, tcal, by_cal, cfg, grid=True)
-        spec = MonitorSpec.from_gates({g: fits[g].spec for g in GATES}, sae, name, {"monitored": name, "layer": chosen},
-                                      {g: fits[f"reference/{g}"].spec for g in GATES})
-        spec.save(out / "monitors" / name)
-        monitors[name] = rep
-        timings[f"monitor_{name}"] = time.time() - t
-    if (out / "sae").exists():
-        shutil.rmtree(out / "sae")
-    save_sae(sae, out / "sae")
-    _shrink_sae(out / "sae")
-
+    # the SAE's held-out numbers on the served layer, as the artifact tests re-measure them
+    sae_m["heldout_test_split"] = {str(L): sae_m["per_layer"][str(L)]["heldout_test_split"]
+                                   for L in layers if str(L) in sae_m["per_layer"]}
+    _ = by_tst
+    cache_meta = json.loads((work / "cache" / "lora" / "meta.json").read_text())
     prov = {
-        "config": asdict(cfg), "preset": preset, "base_model": "embedded" if embedded else str(base_model),
+        "config": asdict(cfg), "preset": preset, "base_model": base_id, "dtype": dtype,
         "data": {"sources": ds.sources, "splits": data_info},
         "safeguard": sg_m, "sae": sae_m, "layers": layer_report, "layer": chosen, "monitors": monitors,
-        "timings_s": timings, "total_seconds": time.time() - t_all, "versions": _versions(), "machine": platform.platform(),
+        "cache": {"layers": list(cache_layers), "tokens": cache.n_tokens,
+                  "real_token_share": cache_meta.get("real_token_share"), "seconds": cache_meta.get("seconds")},
+        "timings_s": timings, "total_seconds": time.time() - t_all, "versions": _versions(),
+        "machine": platform.platform(), "cpu": cpu_features(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     (out / "provenance.json").write_text(json.dumps(prov, indent=1, default=str))
-    write_manifest(out, "embedded" if embedded else str(base_model), "lora" if "lora" in cfg.monitored else None, chosen,
-                   list(cfg.monitored), cfg.dtype)
+    _commit([out / "provenance.json", out / "data.jsonl.gz"], "guard build: provenance", commit_stages)
     return prov
 
 
-def _encoded(work: Path, name: str, model: Any, tok: Any, saes: dict[int, Any], samples: list[Sample],
-             cfg: BuildConfig) -> dict[int, TokenData]:
-    """:func:`encode_samples`, kept in the work folder under a key of the model, SAEs and samples."""
-    key = _hash([name, cfg.max_tokens, [s.key() for s in samples]])
-    paths = {layer: work / "encoded" / f"{name}-{key}-{layer}.npz" for layer in saes}
-    if all(p.is_file() for p in paths.values()):
-        return {layer: TokenData.load(p) for layer, p in paths.items()}
-    out = encode_samples(model, tok, saes, samples, cfg.max_tokens)
-    for layer, p in paths.items():
-        p.parent.mkdir(parents=True, exist_ok=True)
-        out[layer].save(p)
-    return out
-
-
-def heldout_metrics(model: Any, tok: Any, saes: dict[int, Any], test: list[Sample], cfg: BuildConfig,
-                    max_tokens: int = 60_000) -> dict[str, Any]:
-    """SAE metrics on guard-format text of the test split (never in SAE training, selection or calibration)."""
-    import torch
-
-    from guard.recipe.sae import outlier_mask, residuals_at
-    from guard.sae import sae_metrics
-
-    texts = _guard_texts(sorted(test, key=lambda s: s.key()))
-    acts: dict[int, list[Any]] = {layer: [] for layer in saes}
-    n = 0
-    for i in range(0, len(texts), 8):
-        ids = [tok(x, add_special_tokens=False)["input_ids"][: cfg.sae.context * 2] for x in texts[i:i + 8]]
-        for r in residuals_at(model, ids, sorted(saes)):
-            keep = outlier_mask(r[min(saes)])
-            for layer in saes:
-                acts[layer].append(r[layer][keep].float())
-            n += int(keep.sum())
-        if n >= max_tokens:
-            break
-    return {str(layer): sae_metrics(saes[layer], torch.cat(acts[layer])) for layer in saes}
-
-
 def _shrink_sae(path: Path) -> None:
-    """Store the SAE weights in bfloat16 to keep the committed artifact small (offline re-selection only;
-    the serve-time encoder columns are saved in fp32 before this)."""
+    """Store the SAE weights in bfloat16 to keep the committed artifact small (the build loads the
+    stored weights back, so what is fitted is what is served)."""
     import torch
     from safetensors.torch import load_file, save_file
 

@@ -1,11 +1,21 @@
-"""Stage 3 of the build: sparse autoencoders on the monitored network's residual stream.
+"""Stage 3 of the build: sparse autoencoders on the monitored network's residual stream, from the cache.
 
-One streamed pass: text chunks go through the safeguard up to the deepest candidate layer, the residuals
-of every candidate layer (outlier tokens dropped: position 0 and norms above 10x the chunk median, the
-reference's SAE training filter) fill a shuffle buffer per layer, and sae-lens trains one BatchTopK SAE per
-layer in lockstep (``MultiSAETrainer``) from that stream. Nothing is stored beyond the shuffle buffer, and
-every collected token is used once. The text is about a third the served model's own transcripts in the
-guard format, the rest other guard-format samples and plain English text.
+The residuals come from the build's residual cache (:mod:`guard.recipe.cache`): one forward per token,
+read here for as many epochs as ``token_passes`` asks. Training rows are the select and calibration
+splits' tokens that pass the serve-time causal norm filter (position 0 and attention-sink outliers are
+dropped); response samples give their scored span only, so a conversation shared by a prompt sample and
+its answers is not counted many times. A twentieth of those samples (by key hash) is held out for early
+stopping; the test split gives the held-out numbers reported.
+
+Training is sae-lens' BatchTopK SAE (its forward pass and AuxK loss) in our own loop, because the run
+needs what its trainer does not give at this scale:
+* inputs scaled so E||x||^2 = d_model (the scale is folded into the saved weights);
+* the decoder bias started at the mean of the scaled inputs, not at zero, since residual tokens sit far
+  from the origin;
+* a latent counts as dead after ``dead_tokens`` silent training tokens (a few dozen steps), so AuxK acts
+  within the run;
+* linear warm-up, then a linear decay to zero over the last ``decay_frac`` of steps;
+* held-out fraction of variance unexplained every ``eval_every`` steps, best state kept, early stop.
 
 Saved SAEs are JumpReLU SAEs with one threshold: the converged BatchTopK statistic, so every latent is
 independent of the others and the serve-time encoder computes only the selected columns.
@@ -14,9 +24,8 @@ independent of the others and the serve-time encoder computes only the selected 
 from __future__ import annotations
 
 import logging
-import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,22 +37,21 @@ log = logging.getLogger(__name__)
 @dataclass
 class SAEConfig:
     seed: int = 0
-    layers: tuple[int, ...] = (10, 15)
+    layers: tuple[int, ...] = (10, 14)
     width: int = 4608                 # 8 x d_model of SmolLM2-135M
     k: float = 40.0
-    tokens: int = 3_300_000           # distinct training tokens (one pass)
-    context: int = 256
-    forward_batch: int = 16           # chunks per forward
-    buffer_tokens: int = 262_144      # shuffle buffer per layer
+    token_passes: int = 3_000_000     # tokens seen per SAE (epochs over the cached training tokens)
     batch: int = 2048
-    lr: float = 2e-3
-    warmup_steps: int = 100
-    decay_frac: float = 0.2
-    dead_window: int = 200
-    transcript_share: float = 0.35    # the served model's conversations in the guard format
-    sample_share: float = 0.15        # other guard-format samples (prompts, human-written responses)
+    lr: float = 4e-4
+    warmup_steps: int = 50
+    decay_frac: float = 0.3           # the last 30 % of steps decay the rate linearly to zero
+    dead_tokens: int = 200_000        # a latent silent for this many training tokens is dead (AuxK acts on it)
+    aux_coef: float = 0.25
+    eval_every: int = 100             # steps between held-out measurements
+    patience: int = 4                 # held-out measurements without improvement before stopping
+    heldout_tokens: int = 40_000      # early-stopping rows (held-out samples, never trained on)
     threads: int = 2
-    autocast: bool = False            # bf16 matmuls in SAE training; only pays off where bf16 is native (GPU, AMX)
+    autocast: bool | None = None      # bf16 matmuls; None = where bf16 is native (the build's dtype is bf16)
 
 
 class _Stop(Exception):
@@ -95,86 +103,6 @@ def outlier_mask(resid: Any, ratio: float = 10.0) -> Any:
     return m
 
 
-def text_chunks(tok: Any, transcripts: Sequence[str], samples: Sequence[str], corpus: Sequence[str],
-                cfg: SAEConfig) -> list[list[int]]:
-    """Token chunks for one pass of ``cfg.tokens``: transcripts and samples up to their shares, corpus for
-    the rest; shuffled together so every batch mixes the kinds."""
-    rng = random.Random(cfg.seed + 2)
-    chunks: list[list[int]] = []
-    total = 0
-    budget = int(cfg.tokens * 1.06)     # the outlier filter drops a few percent
-    for pool_src, share in ((transcripts, cfg.transcript_share), (samples, cfg.sample_share), (corpus, 1.0)):
-        pool = list(pool_src)
-        rng.shuffle(pool)
-        cap = total + share * budget if share < 1.0 else budget
-        for t in pool:
-            if total >= cap:
-                break
-            ids = tok(t, add_special_tokens=False)["input_ids"]
-            for i in range(0, len(ids), cfg.context):
-                c = ids[i:i + cfg.context]
-                if len(c) >= 16:
-                    chunks.append(c)
-                    total += len(c) - 1
-    rng.shuffle(chunks)
-    return chunks
-
-
-class ResidualStream:
-    """Iterator of ``{hook_name: (batch, d_model)}`` training batches, streamed from the model."""
-
-    def __init__(self, model: Any, chunks: Sequence[Sequence[int]], cfg: SAEConfig) -> None:
-        self.model, self.chunks, self.cfg = model, list(chunks), cfg
-        self.pos = 0
-        self.buffers: dict[int, list[Any]] = {layer: [] for layer in cfg.layers}
-        self.pool: dict[int, Any] = {}
-        self.g = np.random.default_rng(cfg.seed)
-        self.collected = 0
-        self.t_forward = 0.0
-
-    def _fill(self) -> bool:
-        import torch
-
-        target = self.cfg.buffer_tokens
-        have = sum(x.shape[0] for x in self.buffers[self.cfg.layers[0]])
-        while have < target and self.pos < len(self.chunks):
-            batch = self.chunks[self.pos:self.pos + self.cfg.forward_batch]
-            self.pos += len(batch)
-            t = time.time()
-            res = residuals_at(self.model, batch, self.cfg.layers)
-            self.t_forward += time.time() - t
-            for r in res:
-                keep = outlier_mask(r[self.cfg.layers[0]])
-                for layer in self.cfg.layers:
-                    self.buffers[layer].append(r[layer][keep].float())
-                have += int(keep.sum())
-                self.collected += int(keep.sum())
-        if have == 0:
-            return False
-        perm = torch.from_numpy(self.g.permutation(have))
-        for layer in self.cfg.layers:
-            cat = torch.cat(self.buffers[layer])[perm]
-            self.pool[layer] = cat
-            self.buffers[layer] = []
-        return True
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        bs = self.cfg.batch
-        while True:
-            if not self._fill():
-                return
-            n = self.pool[self.cfg.layers[0]].shape[0]
-            for i in range(0, n - bs + 1, bs):
-                yield {hook_name(layer): self.pool[layer][i:i + bs] for layer in self.cfg.layers}
-            if self.pos >= len(self.chunks):
-                return          # the stream is spent; a tail shorter than a batch is dropped
-            # the tail that does not fill a batch goes back into the next buffer
-            rest = n - (n // bs) * bs
-            if rest:
-                for layer in self.cfg.layers:
-                    self.buffers[layer].append(self.pool[layer][n - rest:])
-
-
 def hook_name(layer: int) -> str:
     return f"blocks.{layer}.hook_resid_post"
 
@@ -196,64 +124,162 @@ def batchtopk_threshold(sae: Any, acts: Any, k: float, batch: int = 2048) -> flo
     return float(np.mean(vals))
 
 
-def train_saes(model: Any, tok: Any, transcripts: Sequence[str], samples: Sequence[str], corpus: Sequence[str],
-               cfg: SAEConfig) -> tuple[dict[int, Any], dict[str, Any]]:
-    """Train one SAE per candidate layer from one streamed pass; returns inference (JumpReLU) SAEs by layer."""
+
+
+def training_rows(cache: Any, layer: int, idx: Sequence[int], responses: Sequence[bool],
+                  ratio: float = 10.0) -> np.ndarray:
+    """Global cache rows of the samples ``idx`` that an SAE on ``layer`` trains on: tokens kept by the
+    serve-time causal norm filter; for a response sample only its scored span."""
+    from guard.monitor import causal_norm_mask
+
+    norms = cache_norms(cache, layer)
+    out = []
+    for i, is_resp in zip(idx, responses, strict=True):
+        a0, n = int(cache.starts[i]), int(cache.lengths[i])
+        keep = causal_norm_mask(norms[a0:a0 + n], ratio)
+        lo, hi = cache.span(i) if is_resp else (0, n)
+        rows = np.nonzero(keep[lo:hi])[0] + lo + a0
+        out.append(rows)
+    return np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
+
+
+def cache_norms(cache: Any, layer: int, chunk: int = 262_144) -> np.ndarray:
+    """Per-token residual norms at ``layer`` (kept beside the cache after the first call)."""
+    from guard.recipe.cache import bits_to_float
+
+    path = cache.root / f"norms{layer}.npy"
+    if path.is_file():
+        return np.asarray(np.load(path))
+    arr = cache.array(layer)
+    out = np.empty(cache.n_tokens, dtype=np.float32)
+    for a in range(0, cache.n_tokens, chunk):
+        out[a:a + chunk] = bits_to_float(np.asarray(arr[a:a + chunk])).norm(dim=-1).numpy()
+    np.save(path, out)
+    return out
+
+
+class _Rows:
+    """Random batches of cached rows of one layer, held in memory as bf16 bits."""
+
+    def __init__(self, cache: Any, layer: int, rows: np.ndarray) -> None:
+        self.bits = np.asarray(cache.array(layer)[np.sort(rows)])
+
+    def __len__(self) -> int:
+        return int(self.bits.shape[0])
+
+    def get(self, idx: np.ndarray) -> Any:
+        from guard.recipe.cache import bits_to_float
+
+        return bits_to_float(self.bits[idx])
+
+
+def train_sae(cache: Any, layer: int, train_rows: np.ndarray, stop_rows: np.ndarray, cfg: SAEConfig,
+              progress: Any = None) -> tuple[Any, dict[str, Any]]:
+    """One BatchTopK SAE on ``layer`` from cached rows; returns the inference (JumpReLU) SAE in the raw
+    residual's units and its training record."""
     import os
     import tempfile
 
     os.environ.setdefault("WANDB_MODE", "disabled")
     import torch
     from sae_lens import BatchTopKTrainingSAE, BatchTopKTrainingSAEConfig
-    from sae_lens.config import SAETrainerConfig
-    from sae_lens.training.multi_sae_trainer import MultiSAETrainer
+    from sae_lens.saes.sae import TrainStepInput
 
     from guard.sae import load_sae
 
-    torch.manual_seed(cfg.seed)
-    chunks = text_chunks(tok, transcripts, samples, corpus, cfg)
-    n_tokens = sum(len(c) - 1 for c in chunks)
-    # the last 40k streamed tokens are kept aside (never trained on) to set the threshold and measure
-    stream = ResidualStream(model, chunks, cfg)
-    steps = int(cfg.tokens * 0.97) // cfg.batch
-    total = steps * cfg.batch
-    tcfg = SAETrainerConfig(
-        total_training_samples=total, train_batch_size_samples=cfg.batch, lr=cfg.lr, lr_end=cfg.lr,
-        lr_scheduler_name="constant", lr_warm_up_steps=cfg.warmup_steps, lr_decay_steps=int(cfg.decay_frac * steps),
-        device="cpu", autocast=cfg.autocast, n_batches_for_norm_estimate=10, dead_feature_window=cfg.dead_window,
-        feature_sampling_window=max(50, steps // 8))
-    saes = {hook_name(layer): BatchTopKTrainingSAE(BatchTopKTrainingSAEConfig(d_in=model.config.hidden_size,
-                                                                                d_sae=cfg.width, k=cfg.k))
-            for layer in cfg.layers}
-    it = iter(stream)
-    held: dict[str, list[Any]] = {h: [] for h in saes}
+    torch.manual_seed(cfg.seed + layer)
+    g = np.random.default_rng(cfg.seed + layer)
+    data = _Rows(cache, layer, train_rows)
+    held = _Rows(cache, layer, stop_rows[: cfg.heldout_tokens])
+    probe = data.get(g.choice(len(data), min(len(data), 32_768), replace=False))
+    scale = float(np.sqrt(probe.shape[1] / float((probe ** 2).sum(-1).mean())))
+    sae = BatchTopKTrainingSAE(BatchTopKTrainingSAEConfig(d_in=int(probe.shape[1]), d_sae=cfg.width, k=cfg.k,
+                                                          aux_loss_coefficient=cfg.aux_coef))
+    with torch.no_grad():
+        sae.b_dec.copy_((probe * scale).mean(0))
+    opt = torch.optim.Adam(sae.parameters(), lr=cfg.lr, betas=(0.9, 0.999))
+    steps = max(1, cfg.token_passes // cfg.batch)
+    decay_from = int(steps * (1 - cfg.decay_frac))
 
-    t0 = time.time()
-    trainer = MultiSAETrainer(cfg=tcfg, saes=saes, hook_names={h: h for h in saes}, data_provider=it)
-    trained = trainer.fit()
-    secs = time.time() - t0
-    for b in it:                        # what the trainer did not consume: held-out activations
-        for h in held:
-            held[h].append(b[h])
-    out: dict[int, Any] = {}
-    metrics: dict[str, Any] = {"collected_tokens": stream.collected, "chunk_tokens": n_tokens, "train_samples": total,
-                               "train_steps": steps, "seconds": secs, "forward_seconds": stream.t_forward, "per_layer": {}}
-    for layer in cfg.layers:
-        h = hook_name(layer)
-        with tempfile.TemporaryDirectory() as d:
-            trained[h].save_inference_model(d)
-            inf = load_sae(d)
-        hold = torch.cat(held[h]) if held[h] else None
-        if hold is None or hold.shape[0] < cfg.batch:
-            raise RuntimeError("the stream left too few held-out activations; raise SAEConfig.tokens or lower batch")
-        half = hold.shape[0] // 2
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return cfg.lr * (step + 1) / cfg.warmup_steps
+        if step >= decay_from:
+            return cfg.lr * max(0.0, (steps - step) / max(steps - decay_from, 1))
+        return cfg.lr
+
+    held_x = held.get(np.arange(len(held))) * scale
+    held_sst = float(((held_x - held_x.mean(0)) ** 2).sum())
+
+    def heldout_fvu() -> float:
         with torch.no_grad():
-            inf.threshold.fill_(batchtopk_threshold(inf, hold[:half], cfg.k, min(cfg.batch, half)))
-        from guard.sae import sae_metrics
+            sse = 0.0
+            for a in range(0, held_x.shape[0], 4096):
+                x = held_x[a:a + 4096]
+                sse += float(((sae(x) - x) ** 2).sum())
+        return sse / max(held_sst, 1e-12)
 
-        m = dict(sae_metrics(inf, hold[half:]))
-        m["threshold"] = float(inf.threshold.detach()[0])
-        metrics["per_layer"][str(layer)] = m
-        out[layer] = inf
-        log.info("SAE layer %d: %s", layer, m)
-    return out, metrics
+    silent = torch.zeros(cfg.width, dtype=torch.long)       # training tokens since each latent last fired
+    dead_steps = max(1, cfg.dead_tokens // cfg.batch)
+    best = (float("inf"), -1)
+    best_state: dict[str, Any] | None = None
+    history: list[dict[str, float]] = []
+    bad = 0
+    perm = g.permutation(len(data))
+    pos = 0
+    t0 = time.time()
+    step = 0
+    stopped_early = False
+    for step in range(steps):
+        if pos + cfg.batch > len(perm):
+            perm, pos = g.permutation(len(data)), 0
+        x = data.get(perm[pos:pos + cfg.batch]) * scale
+        pos += cfg.batch
+        for grp in opt.param_groups:
+            grp["lr"] = lr_at(step)
+        dead = silent >= dead_steps * cfg.batch
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast):
+            out = sae.training_forward_pass(TrainStepInput(sae_in=x, coefficients={}, dead_neuron_mask=dead,
+                                                           n_training_steps=step, is_logging_step=False))
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        opt.step()
+        with torch.no_grad():
+            fired = (out.feature_acts > 0).any(0)
+            silent = torch.where(fired, torch.zeros_like(silent), silent + cfg.batch)
+        if (step + 1) % cfg.eval_every == 0 or step == steps - 1:
+            fvu = heldout_fvu()
+            rec = {"step": step + 1, "heldout_fvu": fvu, "mse": float(out.losses["mse_loss"]),
+                   "aux": float(out.losses.get("auxiliary_reconstruction_loss", torch.tensor(0.0))),
+                   "dead_fraction": float(dead.float().mean()), "lr": lr_at(step)}
+            history.append(rec)
+            el = time.time() - t0
+            log.info("SAE layer %d step %d/%d: held-out FVU %.4f, dead %.3f, %.0f tok/s, ETA %.0f s", layer, step + 1,
+                     steps, fvu, rec["dead_fraction"], (step + 1) * cfg.batch / el, el / (step + 1) * (steps - step - 1))
+            if progress is not None:
+                progress(step + 1, steps)
+            if fvu < best[0] - 1e-4:
+                best, bad = (fvu, step + 1), 0
+                best_state = {k: v.detach().clone() for k, v in sae.state_dict().items()}
+            else:
+                bad += 1
+                if bad >= cfg.patience and step >= decay_from:
+                    stopped_early = True
+                    break
+    secs = time.time() - t0
+    if best_state is not None:
+        sae.load_state_dict(best_state)
+    sae.fold_activation_norm_scaling_factor(scale)
+    with tempfile.TemporaryDirectory() as d:
+        sae.save_inference_model(d)
+        inf = load_sae(d)
+    # the JumpReLU threshold is a statistic of the BatchTopK selection on data: a sample of training rows
+    raw = data.get(np.sort(g.choice(len(data), min(len(data), 16 * cfg.batch), replace=False)))
+    with torch.no_grad():
+        inf.threshold.fill_(batchtopk_threshold(inf, raw, cfg.k, min(cfg.batch, raw.shape[0])))
+    rec = {"layer": layer, "train_rows": int(len(data)), "token_passes": int((step + 1) * cfg.batch),
+           "epochs": (step + 1) * cfg.batch / max(len(data), 1), "steps": step + 1, "planned_steps": steps,
+           "stopped_early": stopped_early, "best_step": best[1], "best_heldout_fvu": best[0], "input_scale": scale,
+           "seconds": secs, "tokens_per_s": (step + 1) * cfg.batch / max(secs, 1e-9), "history": history,
+           "threshold": float(inf.threshold.detach()[0])}
+    return inf, rec

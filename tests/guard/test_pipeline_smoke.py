@@ -31,8 +31,10 @@ def test_build_outputs(built):
     man = json.loads((art / "manifest.json").read_text())
     assert man["layer"] == prov["layer"] in (1, 2) and man["text_format"] == "guard.text/1"
     assert set(prov["layers"]) == {"1", "2"}               # every candidate layer was compared
-    for layer, m in prov["sae"]["per_layer"].items():
+    for layer, rec in prov["sae"]["per_layer"].items():
+        m = rec["heldout_test_split"]
         assert 0 < m["l0"] <= 128 and m["variance_explained"] <= 1.0, layer
+        assert rec["token_passes"] >= 12_000 * 0.9 and rec["history"], layer   # trained on the configured passes
     assert "heldout_test_split" in prov["sae"]
     sg = prov["safeguard"]
     assert sg["history"] and sg["best_step"] >= 1 and "posthoc_verdict" in sg
