@@ -142,6 +142,7 @@ def load_model_for(artifacts: str | Path, monitored: str, base_model: str | None
                    dtype: str | None = None, device: str = "cpu") -> tuple[Any, Any, int]:
     """The monitored network (base, or base + merged LoRA) and tokenizer, and the layer L. ``dtype`` None =
     the dtype the monitors were fitted with (the manifest's)."""
+    from guard.hardware import serving_dtype
     from guard.runner import load_guard_model
 
     man = read_manifest(artifacts)
@@ -153,5 +154,5 @@ def load_model_for(artifacts: str | Path, monitored: str, base_model: str | None
         adapter = Path(artifacts) / man["adapter"]
     elif monitored != "base":
         raise ValueError(f"Unknown monitored model '{monitored}'. Available: lora, base")
-    model, tok = load_guard_model(base, adapter, dtype=dtype or man.get("dtype", "float32"), device=device)
+    model, tok = load_guard_model(base, adapter, dtype=dtype or serving_dtype(man.get("dtype", "float32")), device=device)
     return model, tok, int(man["layer"])

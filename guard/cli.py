@@ -52,7 +52,8 @@ def _build(args: argparse.Namespace) -> int:
 
     cfg = _apply(PRESETS[args.preset], _parse_overrides(args.set))
     prov = build(args.out, base_model=args.base_model, preset=args.preset, work_dir=args.work_dir,
-                 overrides={f.name: getattr(cfg, f.name) for f in fields(cfg)}, dataset=args.dataset)
+                 overrides={f.name: getattr(cfg, f.name) for f in fields(cfg)}, dataset=args.dataset,
+                 commit_stages=args.commit_stages)
     summary = {"layer": prov["layer"], "layers": prov["layers"], "sae": prov["sae"].get("per_layer"),
                "safeguard": {k: prov["safeguard"][k] for k in ("steps_run", "best_step", "best_val_loss")},
                "monitors": {n: {g: m[g]["chosen"] for g in ("prompt", "response")} for n, m in prov["monitors"].items()},
@@ -97,7 +98,7 @@ def _bench(args: argparse.Namespace) -> int:
 def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> None:
     g = subparsers.add_parser("guard", help="NExT-Guard monitor: build artifacts, evaluate")
     gs = g.add_subparsers(dest="guard_command", required=True)
-    b = gs.add_parser("build", help="data, safeguard, SAEs, read-outs, thresholds (about 4 h on 2 CPU cores)")
+    b = gs.add_parser("build", help="data, safeguard, SAEs, read-outs, thresholds (about 2 h on 2 CPU cores)")
     b.add_argument("--out", default=str(DEFAULT_ARTIFACTS))
     b.add_argument("--base-model", default=None, help="HF folder (default: the embedded SmolLM2)")
     b.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
@@ -106,6 +107,8 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     b.add_argument("--dataset", default=None,
                    help="reuse a dataset file (e.g. a published data.jsonl.gz) instead of generating answers")
     b.add_argument("--work-dir", default=None, help="stage outputs kept for resuming (default $NEXTGUARD_HOME/guard-build/<preset>)")
+    b.add_argument("--commit-stages", action="store_true",
+                   help="git-commit each finished stage's outputs (LoRA, SAEs, read-outs) so a cut build resumes elsewhere")
     b.set_defaults(func=_build)
     e = gs.add_parser("eval", help="sample-level F1, streaming timeliness, baselines; JSON + PNG report")
     e.add_argument("--artifacts", default=str(DEFAULT_ARTIFACTS))

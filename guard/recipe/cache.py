@@ -31,41 +31,6 @@ from guard.recipe.sources import Sample
 log = logging.getLogger(__name__)
 
 
-def native_bf16() -> bool:
-    """True where bf16 matmuls run natively (AVX512-BF16 or AMX on x86, any CUDA device).
-
-    Elsewhere bf16 is emulated and several times slower than fp32, so the build and the runner use fp32."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return True
-    except ImportError:
-        return False
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
-
-
-def preferred_dtype() -> str:
-    return "bfloat16" if native_bf16() else "float32"
-
-
-def cpu_features() -> dict[str, Any]:
-    """What the build's provenance records about the machine's arithmetic."""
-    import torch
-
-    out: dict[str, Any] = {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "native_bf16": native_bf16()}
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-        out["flags"] = sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))
-    except OSError:
-        pass
-    return out
-
-
 @dataclass
 class Row:
     """Where one sample's tokens sit in the cache and which of them the gate scores."""

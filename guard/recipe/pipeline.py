@@ -315,7 +315,8 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     ``work_dir``."""
     import torch
 
-    from guard.recipe.cache import build_cache, cpu_features, preferred_dtype
+    from guard.hardware import cpu_features, preferred_dtype
+    from guard.recipe.cache import build_cache
     from guard.recipe.encode import encode_cached
     from guard.recipe.sae import train_sae, training_rows
     from guard.runner import load_guard_model
