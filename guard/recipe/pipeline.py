@@ -296,11 +296,21 @@ def _commit(paths: list[Path], message: str, enabled: bool) -> None:
 
     root = Path(__file__).resolve().parents[2]
     existing = [str(p) for p in paths if p.exists()]
-    subprocess.run(["git", "-C", str(root), "add", "-A", "--", *existing], check=True)
-    r = subprocess.run(["git", "-C", str(root), "diff", "--cached", "--quiet"], check=False)
-    if r.returncode != 0:
-        subprocess.run(["git", "-C", str(root), "commit", "-q", "-m", message], check=True)
-        log.info("committed: %s", message)
+    # Only the stage's own paths go into the commit (``--only`` semantics), whatever else is staged; a busy
+    # index (another git command running) is retried, and a commit that still fails never stops the build.
+    for attempt in range(5):
+        try:
+            subprocess.run(["git", "-C", str(root), "add", "-A", "--", *existing], check=True, capture_output=True)
+            r = subprocess.run(["git", "-C", str(root), "diff", "--cached", "--quiet", "--", *existing], check=False)
+            if r.returncode != 0:
+                subprocess.run(["git", "-C", str(root), "commit", "-q", "-m", message, "--", *existing], check=True,
+                               capture_output=True)
+                log.info("committed: %s", message)
+            return
+        except subprocess.CalledProcessError as e:
+            log.warning("stage commit failed (attempt %d): %s", attempt + 1, (e.stderr or b"").decode()[-300:])
+            time.sleep(5)
+    log.warning("stage outputs left uncommitted: %s", message)
 
 
 def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None = None, preset: str = "cpu",
