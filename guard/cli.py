@@ -74,12 +74,22 @@ def _eval(args: argparse.Namespace) -> int:
 
     report = run_eval(args.artifacts, args.out, base_model=args.base_model, monitored=args.monitored,
                       limit=args.limit)
+    if args.ladder:
+        from guard.evaluate import run_ladder_eval
+
+        lad = run_ladder_eval(args.artifacts, args.out, work_dir=args.work_dir, base_model=args.base_model,
+                              layers=args.layers)
+        report["ladder"] = lad
     for ext in EVAL_EXTENSIONS:
         report.update(ext(args, report))
     summary = dict(report["summary"])
     if "everyday_gateway" in report:
         summary["everyday_gateway"] = {k: report["everyday_gateway"][k] for k in
                                        ("n_prompts", "moderation_flagged", "streams_refused", "streams_cut")}
+    if "ladder" in report:
+        lad = report["ladder"]
+        summary["ladder_where_signal_is_lost"] = {k: v[0] for k, v in lad["ladder"]["where_signal_is_lost"].items() if v}
+        summary["fresh_prompts"] = lad["fresh"]
     report["summary"] = summary
     (Path(args.out) / "report.json").write_text(json.dumps(report, indent=1, default=str))
     sys.stdout.write(json.dumps(summary, default=str) + "\n")
@@ -116,6 +126,11 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     e.add_argument("--base-model", default=None)
     e.add_argument("--monitored", action="append", default=None, help="lora and/or base (default both)")
     e.add_argument("--limit", type=int, default=None, help="cap samples per kind (quick runs)")
+    e.add_argument("--ladder", action="store_true",
+                   help="also the ladder per candidate layer (verdict, dense probes, SAE probe, sparse read-out, paper's "
+                        "rule, keywords), leave-one-source-out and the fresh prompt sets; reads the build's residual cache")
+    e.add_argument("--work-dir", default=None, help="the build's work folder holding the residual cache")
+    e.add_argument("--layers", type=int, nargs="*", default=None, help="candidate layers for the ladder (default all)")
     e.add_argument("--no-gateway", action="store_true", help="skip the everyday streams through a real gateway")
     e.add_argument("--everyday-max-tokens", type=int, default=512, help="answer length of the everyday streams")
     e.set_defaults(func=_eval)

@@ -362,3 +362,144 @@ def _plots(out: Path, traces: dict[str, list[dict[str, Any]]]) -> None:
         fig.tight_layout()
         fig.savefig(out / f"traces_{name}.png", dpi=110)
         plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------
+# the ladder, leave-one-source-out, and the fresh prompt sets (``guard eval --ladder``)
+
+def load_labelled_prompts(name: str) -> list[tuple[str, str]]:
+    """``category<TAB>request`` lines of a fresh set (a line without a tab has category "")."""
+    out = []
+    for x in (EVAL_DATA / f"{name}.txt").read_text().splitlines():
+        if x.strip() and not x.startswith("#"):
+            cat, _, text = x.partition("\t") if "\t" in x else ("", "", x)
+            out.append((cat.strip(), text.strip()))
+    return out
+
+
+def extra_prompt_sets() -> dict[str, list[Sample]]:
+    """The prompt sets no build step reads: everyday and sensitive prompts, and the freshly written direct
+    harmful and edgy-but-benign requests (where present)."""
+    sets: dict[str, list[Sample]] = {
+        "everyday": [Sample(user(t), None, 0, None, "eval/everyday", "eval") for t in load_eval_prompts("everyday")],
+        "sensitive": [Sample(user(t), None, 0, None, "eval/sensitive", "eval") for t in load_eval_prompts("sensitive")],
+    }
+    for name, label in (("fresh_harmful", 1), ("fresh_benign_edgy", 0)):
+        if (EVAL_DATA / f"{name}.txt").is_file():
+            sets[name] = [Sample(user(t), None, label, c or None, f"eval/{name}", "eval") for c, t in load_labelled_prompts(name)]
+    return sets
+
+
+def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path | None = None,
+                    base_model: str | None = None, layers: Sequence[int] | None = None, posthoc: bool = True,
+                    loso_families: Sequence[str] | None = None, threads: int = 2) -> dict[str, Any]:
+    """The ladder per candidate layer, leave-one-source-out at the served layer, and every rung on the
+    fresh prompt sets. Reads the build's residual cache from ``work_dir`` (the build's own, by default)
+    and builds it where it is missing."""
+    import torch
+
+    from guard import ladder as LD
+    from guard.hardware import serving_dtype
+    from guard.recipe.cache import build_cache
+    from guard.recipe.encode import encode_cached
+    from guard.recipe.pipeline import PRESETS, fit_gate, is_benign_traffic, reference_gate
+    from guard.recipe.safeguard import verdict_scores
+    from guard.recipe.selection import HeadConfig
+    from guard.sae import load_sae
+
+    torch.set_num_threads(threads)
+    t0 = time.time()
+    art = Path(artifacts)
+    outp = Path(out)
+    outp.mkdir(parents=True, exist_ok=True)
+    man = read_manifest(art)
+    prov = json.loads((art / "provenance.json").read_text())
+    preset = prov.get("preset", "cpu")
+    if work_dir is None:
+        from inference.embedded import nextguard_home
+
+        work_dir = nextguard_home() / "guard-build" / preset
+    work = Path(work_dir)
+    parts = load_build_data(art)
+    every = parts["select"] + parts["calib"] + parts["test"]
+    n_sel, n_cal = len(parts["select"]), len(parts["calib"])
+    split_idx = {"select": list(range(n_sel)), "calib": list(range(n_sel, n_sel + n_cal)),
+                 "test": list(range(n_sel + n_cal, len(every)))}
+    cand_layers = sorted(int(x) for x in prov["sae"]["per_layer"]) or [int(man["layer"])]
+    use_layers = list(layers) if layers else cand_layers
+    model, tok, served = load_model_for(art, "lora", base_model)
+    dtype = serving_dtype(prov.get("dtype", man.get("dtype", "float32")))
+    from guard.recipe.pipeline import _file_hash
+
+    lora_id = prov["base_model"] + f"|lora:{_file_hash(art / man['adapter'] / 'adapter_model.safetensors')}"
+    cache_layers = sorted(set(prov.get("cache", {}).get("layers") or cand_layers))
+    max_tokens = int(prov["config"]["max_tokens"])
+    cache = build_cache(model, tok, every, cache_layers, work / "cache" / "lora", model_id=lora_id,
+                        max_tokens=max_tokens, dtype=dtype)
+    # the served layer's SAE is also at art/sae; the other candidates only under candidates/
+    saes = {L: load_sae(art / "candidates" / f"sae-L{L}" if (art / "candidates" / f"sae-L{L}").is_dir() or served != L
+                        else art / "sae") for L in use_layers}
+    full: dict[int, Any] = {}
+
+    def encode(layer: int, idx: list[int]) -> Any:
+        if layer not in full:
+            full[layer] = encode_cached(cache, saes[layer], layer, list(range(len(every))))
+        return full[layer].subset(idx)
+
+    extra = extra_prompt_sets()
+    ex_samples = [s for ss in extra.values() for s in ss]
+    ex_cache = build_cache(model, tok, ex_samples, cache_layers, work / "cache" / "eval-extra", model_id=lora_id,
+                           max_tokens=max_tokens, dtype=dtype)
+
+    def encode_extra(layer: int, idx: list[int]) -> Any:
+        return encode_cached(ex_cache, saes[layer], layer, idx)
+
+    spec = MonitorSpec.load(art / "monitors" / "lora", "lora")
+    cfg = PRESETS[preset]
+
+    def fit_readout(gate: str, td_sel: Any, s_sel: list[Sample], td_cal: Any, s_cal: list[Sample]) -> tuple[Any, Any, Any]:
+        head_info = dict(spec.gates[gate].calibration.get("head", {}))
+        hc = HeadConfig(**head_info) if head_info else cfg.head
+        budget = cfg.budget_prompt if gate == "prompt" else cfg.budget_response
+        f = fit_gate(gate, td_sel, s_sel, td_cal, s_cal, hc, budget, cfg, categories=False)
+        ref = reference_gate(td_sel, s_sel, td_cal, s_cal, budget, hc.max_density)
+        return f.spec.overall, f.spec.pooling, ref.spec.overall
+
+    memo: dict[str, float] = {}
+    max_len = int(prov["config"]["safeguard"]["max_len"])
+
+    def posthoc_scores(ss: list[Sample]) -> np.ndarray:
+        todo = [s for s in ss if s.key() not in memo]
+        if todo:
+            for s, v in zip(todo, verdict_scores(model, tok, todo, max_len), strict=True):
+                memo[s.key()] = float(v)
+        return np.array([memo[s.key()] for s in ss])
+
+    kw_fn = None
+    try:
+        from guard.keywords import keyword_score
+
+        def kw_fn(s: Sample) -> float:
+            return float(keyword_score(s.response if s.response is not None else " ".join(c for _, c in s.conv)))
+    except ImportError:
+        log.warning("guard.keywords is missing: the ladder runs without the keyword rung")
+
+    inp = LD.LadderInputs(
+        every=every, split_idx=split_idx, cache=cache, saes=saes, encode=encode, shipped_layer=served,
+        shipped={g: (spec.gates[g].overall, spec.gates[g].pooling) for g in ("prompt", "response")},
+        shipped_reference={g: spec.reference[g].overall for g in ("prompt", "response")},
+        fit_readout=fit_readout, budgets={"prompt": prov["config"]["budget_prompt"], "response": prov["config"]["budget_response"]},
+        is_benign_traffic=is_benign_traffic, posthoc=posthoc_scores if posthoc else None, keywords=kw_fn,
+        extra=extra, extra_cache=ex_cache, encode_extra=encode_extra)
+    rep: dict[str, Any] = {"artifacts": str(art), "served_layer": served, "layers": use_layers, "dtype": dtype,
+                           "budgets": inp.budgets, "n_extra": {k: len(v) for k, v in extra.items()}}
+    rep["ladder"] = LD.run_ladder(inp, use_layers)
+    rep["fresh"] = {rk: {name: LD.fresh_prompt_numbers(fl) for name, fl in rungs.items()}
+                    for rk, rungs in rep["ladder"]["extra_flagged"].items()}
+    rep["leave_one_source_out"] = {
+        "note": "read-outs, probes and thresholds refitted without the family; the SAE and the safeguard LoRA "
+                "were not retrained (the LoRA saw the family's select samples)",
+        "results": LD.loso(inp, served, families=loso_families)}
+    rep["seconds"] = time.time() - t0
+    LD.write_report(outp / "ladder.json", rep)
+    return rep

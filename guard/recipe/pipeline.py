@@ -543,7 +543,7 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     if (out / "sae").exists():
         shutil.rmtree(out / "sae")
     shutil.copytree(out / "candidates" / f"sae-L{chosen}", out / "sae", ignore=shutil.ignore_patterns("train.json"))
-    base_td: dict[str, dict[str, TokenData]] = {}
+    base_td: dict[str, TokenData] = {}
     for name in cfg.monitored:
         stage = f"monitor_{name}"
         if name == "lora" or "lora" not in cfg.monitored:
@@ -563,9 +563,9 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
                     if p.is_file():
                         base_td[f"{nm}/{g}"] = TokenData.load(p)
                     else:
-                        td = encode_cached(bcache, sae, chosen, [i for i in part if every[i].gate == g])
-                        td.save(p)
-                        base_td[f"{nm}/{g}"] = td
+                        btd = encode_cached(bcache, sae, chosen, [i for i in part if every[i].gate == g])
+                        btd.save(p)
+                        base_td[f"{nm}/{g}"] = btd
             tsel = {g: base_td[f"select/{g}"] for g in GATES}
             tcal = {g: base_td[f"calib/{g}"] for g in GATES}
         prog.start(stage)
@@ -583,9 +583,9 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     # 8. the safeguard's own post-hoc verdict on a sample of each split (the ladder's top rung)
     prog.start("posthoc")
     posthoc: dict[str, Any] = {}
-    for split_name, part in (("calib", cal), ("test", tst)) if "lora" in cfg.monitored else ():
+    for split_name, split_samples in (("calib", cal), ("test", tst)) if "lora" in cfg.monitored else ():
         for gate in GATES:
-            ss = [s for s in part if s.gate == gate]
+            ss = [s for s in split_samples if s.gate == gate]
             ss = [ss[i] for i in sorted(rng.choice(len(ss), min(cfg.posthoc_samples, len(ss)), replace=False))]
             v = verdict_scores(lora, tok, ss, cfg.safeguard.max_len)
             posthoc[f"{split_name}/{gate}"] = {"best_f1": asdict(C.best_f1_threshold(v, labels(ss))),

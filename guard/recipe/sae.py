@@ -238,7 +238,7 @@ def train_sae(cache: Any, layer: int, train_rows: np.ndarray, stop_rows: np.ndar
         for grp in opt.param_groups:
             grp["lr"] = lr_at(step)
         dead = silent >= dead_steps * cfg.batch
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(cfg.autocast)):
             out = sae.training_forward_pass(TrainStepInput(sae_in=x, coefficients={}, dead_neuron_mask=dead,
                                                            n_training_steps=step, is_logging_step=False))
         opt.zero_grad(set_to_none=True)
@@ -249,13 +249,13 @@ def train_sae(cache: Any, layer: int, train_rows: np.ndarray, stop_rows: np.ndar
             silent = torch.where(fired, torch.zeros_like(silent), silent + cfg.batch)
         if (step + 1) % cfg.eval_every == 0 or step == steps - 1:
             fvu = heldout_fvu()
-            rec = {"step": step + 1, "heldout_fvu": fvu, "mse": float(out.losses["mse_loss"]),
+            point = {"step": step + 1, "heldout_fvu": fvu, "mse": float(out.losses["mse_loss"]),
                    "aux": float(out.losses.get("auxiliary_reconstruction_loss", torch.tensor(0.0))),
                    "dead_fraction": float(dead.float().mean()), "lr": lr_at(step)}
-            history.append(rec)
+            history.append(point)
             el = time.time() - t0
             log.info("SAE layer %d step %d/%d: held-out FVU %.4f, dead %.3f, %.0f tok/s, ETA %.0f s", layer, step + 1,
-                     steps, fvu, rec["dead_fraction"], (step + 1) * cfg.batch / el, el / (step + 1) * (steps - step - 1))
+                     steps, fvu, point["dead_fraction"], (step + 1) * cfg.batch / el, el / (step + 1) * (steps - step - 1))
             if progress is not None:
                 progress(step + 1, steps)
             if fvu < best[0] - 1e-4:
@@ -277,7 +277,7 @@ def train_sae(cache: Any, layer: int, train_rows: np.ndarray, stop_rows: np.ndar
     raw = data.get(np.sort(g.choice(len(data), min(len(data), 16 * cfg.batch), replace=False)))
     with torch.no_grad():
         inf.threshold.fill_(batchtopk_threshold(inf, raw, cfg.k, min(cfg.batch, raw.shape[0])))
-    rec = {"layer": layer, "train_rows": int(len(data)), "token_passes": int((step + 1) * cfg.batch),
+    rec: dict[str, Any] = {"layer": layer, "train_rows": int(len(data)), "token_passes": int((step + 1) * cfg.batch),
            "epochs": (step + 1) * cfg.batch / max(len(data), 1), "steps": step + 1, "planned_steps": steps,
            "stopped_early": stopped_early, "best_step": best[1], "best_heldout_fvu": best[0], "input_scale": scale,
            "seconds": secs, "tokens_per_s": (step + 1) * cfg.batch / max(secs, 1e-9), "history": history,

@@ -89,3 +89,30 @@ def test_rebuild_reuses_unchanged_stages(built, tmp_path):
     assert again["safeguard"]["history"] == prov["safeguard"]["history"]
     assert again["sae"]["per_layer"] == prov["sae"]["per_layer"]
     assert again["timings_s"]["sae"] < prov["timings_s"]["sae"]
+
+
+def test_ladder_runs_on_the_build_cache(built, tmp_path):
+    """Every rung on every candidate layer, from the build's residual cache, with leave-one-source-out and
+    the fresh prompt sets; thresholds hold the budget on the calibration split by construction."""
+    from guard.evaluate import run_ladder_eval
+
+    d, prov = built
+    rep = run_ladder_eval(d / "art", tmp_path / "lad", work_dir=d / "work", base_model=str(d / "model"), threads=1)
+    lad = rep["ladder"]
+    assert set(lad["layers"]) == {"1", "2"}
+    rungs = {"dense_pooled", "dense_streamed", "sae_all_pooled", "sae_all_streamed", "sparse_readout", "paper_rule"}
+    for layer, gates in lad["layers"].items():
+        for gate in ("prompt", "response"):
+            assert set(gates[gate]) == rungs, (layer, gate)
+            for name, r in gates[gate].items():
+                assert 0.0 <= r["average_precision"] <= 1.0 and 0.0 <= r["recall_at_budget"] <= 1.0, (layer, gate, name)
+        assert gates["prompt"]["sparse_readout"]["shipped"] == (int(layer) == prov["layer"])
+    assert "posthoc_verdict" in lad["layer_free"]["prompt"]
+    assert lad["where_signal_is_lost"]
+    # the extra prompt sets are scored by every rung at the same threshold
+    flags = lad["extra_flagged"][f"L{prov['layer']}"]["sparse_readout"]
+    assert {"everyday", "sensitive"} <= set(flags)
+    assert (tmp_path / "lad" / "ladder.json").is_file()
+    # the cache the build wrote was reused, not rebuilt
+    assert (d / "work" / "cache" / "lora" / "meta.json").stat().st_mtime < (tmp_path / "lad" / "ladder.json").stat().st_mtime
+    assert "results" in rep["leave_one_source_out"]

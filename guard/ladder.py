@@ -1,0 +1,389 @@
+"""The evaluation ladder: where between the safeguard's own verdict and the shipped read-out the signal is lost.
+
+Every rung scores the same samples and is thresholded the same way: at the budget (the share of the
+calibration split's benign traffic it may flag), then measured on the test split by average precision
+(threshold-free) and recall at that threshold. From the top:
+
+1. ``posthoc_verdict``: the LoRA safeguard's own verdict on the whole text (no streaming; layer-free);
+2. ``dense_pooled``: a logistic probe on the layer's residual, mean-pooled over the scored span;
+3. ``dense_streamed``: that probe run causally through the deployed window, max over the stream;
+4. ``sae_all_pooled`` / ``sae_all_streamed``: the same on all SAE latents instead of the residual;
+5. ``sparse_readout``: the sparse read-out the build ships (at the served layer; refitted the same way at
+   the other candidate layers);
+6. ``paper_rule``: the paper's selection rule (top standardised mean differences) on the same SAE;
+7. ``keywords``: a plain keyword list (layer-free).
+
+A drop from one rung to the next says where to work: dense pooled -> streamed is the window, dense -> SAE is
+the dictionary, SAE probe -> sparse read-out is the latent selection and fitting.
+
+All residuals come from the build's residual cache (the one forward per token the build ran), so the
+ladder costs a few minutes where that cache is present, and one forward of the data where it is not.
+
+Leave-one-source-out: the read-outs (sparse, and the probes for comparison) are refitted without one
+family of unsafe sources and measured on that family's samples, none of which the refit saw. The SAE and
+the safeguard LoRA are not retrained (the LoRA saw the family's select samples; the base monitor's
+network never did), which the report states beside the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from guard.monitor import Pooling, causal_norm_mask, pool
+from guard.recipe import calibration as C
+from guard.recipe.sources import Sample
+
+log = logging.getLogger(__name__)
+GATES = ("prompt", "response")
+PROBE_C = (0.01, 0.1, 1.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# features from a residual cache
+
+def span_rows(cache: Any, layer: int, i: int, norms: np.ndarray, ratio: float = 10.0) -> tuple[np.ndarray, np.ndarray]:
+    """Global cache rows of sample i's scored span and the serve-time norm filter over them."""
+    a0, n = int(cache.starts[i]), int(cache.lengths[i])
+    kept = causal_norm_mask(norms[a0:a0 + n], ratio)
+    a, b = cache.span(i)
+    return np.arange(a0 + a, a0 + b, dtype=np.int64), kept[a:b]
+
+
+def residual_features(cache: Any, layer: int, idx: Sequence[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Per sample: the mean residual over the kept span tokens, and the span's residuals (filtered rows
+    zero, as the deployed scorer sees them) for streaming a linear probe."""
+    from guard.recipe.cache import bits_to_float
+    from guard.recipe.sae import cache_norms
+
+    norms = cache_norms(cache, layer)
+    arr = cache.array(layer)
+    d = arr.shape[1]
+    pooled = np.zeros((len(idx), d), dtype=np.float32)
+    spans: list[np.ndarray] = []
+    for k, i in enumerate(idx):
+        rows, kept = span_rows(cache, layer, i, norms)
+        x = bits_to_float(np.asarray(arr[rows])).numpy() if len(rows) else np.zeros((0, d), np.float32)
+        x = x * kept[:, None]
+        if kept.any():
+            pooled[k] = x[kept].mean(0)
+        spans.append(x.astype(np.float32))
+    return pooled, spans
+
+
+def sae_pooled(td: Any) -> np.ndarray:
+    """(n_samples, width) mean SAE activation over each sample's scored span (filtered tokens count as 0)."""
+    X = np.zeros((td.n_samples, td.width), dtype=np.float32)
+    lens = td.lengths()
+    tok_sample = np.repeat(np.arange(td.n_samples), lens)
+    row_of_nz = np.repeat(np.arange(td.n_tokens), np.diff(td.indptr))
+    np.add.at(X, (tok_sample[row_of_nz], td.indices), td.values)
+    return X / np.maximum(lens, 1)[:, None]
+
+
+@dataclass
+class LinearProbe:
+    """A logistic probe with its standardisation folded in: logit = w . x + b."""
+
+    w: np.ndarray
+    b: float
+    C: float
+
+    def pooled(self, X: np.ndarray) -> np.ndarray:
+        return np.asarray(X, dtype=np.float64) @ self.w + self.b
+
+    def streamed_dense(self, spans: Sequence[np.ndarray], pooling: Pooling) -> np.ndarray:
+        return np.array([float(pool(x.astype(np.float64) @ self.w, pooling, self.b).max()) if len(x) else self.b
+                         for x in spans])
+
+    def streamed_sparse(self, td: Any, pooling: Pooling) -> np.ndarray:
+        row_of_nz = np.repeat(np.arange(td.n_tokens), np.diff(td.indptr))
+        u = np.bincount(row_of_nz, weights=td.values * self.w[td.indices], minlength=td.n_tokens)
+        out = np.full(td.n_samples, self.b)
+        for i in range(td.n_samples):
+            a, e = int(td.sample_ptr[i]), int(td.sample_ptr[i + 1])
+            if e > a:
+                out[i] = float(pool(u[a:e], pooling, self.b).max())
+        return out
+
+
+def fit_probe(X: np.ndarray, y: np.ndarray, Xc: np.ndarray, yc: np.ndarray, seed: int = 0) -> LinearProbe:
+    """Class-balanced L2 logistic regression on standardised features; C chosen by calibration-split AP."""
+    from sklearn.linear_model import LogisticRegression
+
+    mu = X.mean(0)
+    sd = X.std(0)
+    sd[sd < 1e-6] = 1.0
+    Z = (X - mu) / sd
+    best: LinearProbe | None = None
+    best_ap = -1.0
+    for c in PROBE_C:
+        m = LogisticRegression(C=c, class_weight="balanced", max_iter=2000, random_state=seed)
+        m.fit(Z, y)
+        w = m.coef_[0] / sd
+        p = LinearProbe(w, float(m.intercept_[0] - (m.coef_[0] * mu / sd).sum()), c)
+        ap = C.average_precision(p.pooled(Xc), yc) if 0 < yc.sum() < len(yc) else 0.0
+        if ap > best_ap:
+            best, best_ap = p, ap
+    assert best is not None
+    return best
+
+
+# ------------------------------------------------------------------------------------------------
+# one rung's numbers
+
+def rung_numbers(cal_scores: np.ndarray, cal_benign: np.ndarray, tst_scores: np.ndarray, tst: Sequence[Sample],
+                 tst_benign: np.ndarray, budget: float) -> dict[str, Any]:
+    """Threshold at the budget on the calibration split's benign traffic; AP and recall on the test split."""
+    thr = C.threshold_at_budget(np.asarray(cal_scores)[cal_benign], budget)
+    y = np.array([s.label for s in tst], dtype=int)
+    op = C.operating_point(np.asarray(tst_scores), y, thr, tst_benign)
+    return {"average_precision": C.average_precision(np.asarray(tst_scores), y), "recall_at_budget": op["recall"],
+            "benign_traffic_flagged": op["flagged_benign_traffic"], "flagged_safe": op["flagged_safe"],
+            "f1": op["f1"], "threshold": thr}
+
+
+def flagged(scores: np.ndarray, thr: float) -> float:
+    return float(np.mean(np.asarray(scores) > thr)) if len(scores) else 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# the ladder
+
+@dataclass
+class LadderInputs:
+    """What the ladder reads: the build's samples in cache order, the cache, the candidate SAEs, the
+    encoded SAE activations per (split, gate, layer), and how to fit the shipped read-out on a layer."""
+
+    every: list[Sample]
+    split_idx: dict[str, list[int]]               # split -> cache indices
+    cache: Any
+    saes: dict[int, Any]
+    encode: Callable[[int, list[int]], Any]        # (layer, cache indices) -> TokenData
+    shipped_layer: int
+    shipped: dict[str, Any]                        # gate -> (Head, Pooling) of the shipped read-out
+    shipped_reference: dict[str, Any]              # gate -> Head of the paper's rule as shipped
+    fit_readout: Callable[[str, Any, list[Sample], Any, list[Sample]], tuple[Any, Any, Any]]
+    budgets: dict[str, float]
+    is_benign_traffic: Callable[[Sample], bool]
+    posthoc: Callable[[list[Sample]], np.ndarray] | None = None
+    keywords: Callable[[Sample], float] | None = None
+    # prompt sets outside the build (fresh, everyday): their own small cache and encoder
+    extra: dict[str, list[Sample]] | None = None
+    extra_cache: Any = None
+    encode_extra: Callable[[int, list[int]], Any] | None = None
+
+
+def run_ladder(inp: LadderInputs, layers: Sequence[int]) -> dict[str, Any]:
+    """Per candidate layer and gate, every rung's AP and recall at the budget on the test split; for the
+    extra prompt sets, the share each rung flags at that same threshold."""
+    from guard.recipe.selection import head_sample_scores
+
+    out: dict[str, Any] = {"layers": {}, "layer_free": {}, "extra_flagged": {}}
+    ev = inp.every
+    t0 = time.time()
+    for gate in GATES:
+        sel = [i for i in inp.split_idx["select"] if ev[i].gate == gate]
+        cal = [i for i in inp.split_idx["calib"] if ev[i].gate == gate]
+        tst = [i for i in inp.split_idx["test"] if ev[i].gate == gate]
+        s_sel, s_cal, s_tst = ([ev[i] for i in part] for part in (sel, cal, tst))
+        y_sel = np.array([s.label for s in s_sel])
+        y_cal = np.array([s.label for s in s_cal])
+        bt_cal = np.array([inp.is_benign_traffic(s) for s in s_cal])
+        bt_tst = np.array([inp.is_benign_traffic(s) for s in s_tst])
+        budget = inp.budgets[gate]
+        ex_sets = (inp.extra or {}) if gate == "prompt" else {}
+        ex_idx: dict[str, list[int]] = {}
+        ex_samples: list[Sample] = []
+        for set_name, ss in ex_sets.items():
+            ex_idx[set_name] = list(range(len(ex_samples), len(ex_samples) + len(ss)))
+            ex_samples += ss
+        ex_all = [i for v in ex_idx.values() for i in v]
+        extra_cache = inp.extra_cache
+
+        def numbers(sc_cal: np.ndarray, sc_tst: np.ndarray, sc_ex: np.ndarray | None, name: str,
+                    bucket: dict[str, Any], ex_key: str, budget: float = budget, bt_cal: np.ndarray = bt_cal,
+                    s_tst: list[Sample] = s_tst, bt_tst: np.ndarray = bt_tst, ex_idx: dict[str, list[int]] = ex_idx,
+                    ) -> None:
+            r = rung_numbers(sc_cal, bt_cal, sc_tst, s_tst, bt_tst, budget)
+            bucket[name] = r
+            if sc_ex is not None:
+                k = 0
+                for set_name, ids in ex_idx.items():
+                    out["extra_flagged"].setdefault(ex_key, {}).setdefault(name, {})[set_name] = flagged(
+                        sc_ex[k:k + len(ids)], r["threshold"])
+                    k += len(ids)
+
+        lf = out["layer_free"].setdefault(gate, {})
+        if inp.posthoc is not None:
+            ph_ex = inp.posthoc(ex_samples) if ex_all else None
+            numbers(inp.posthoc(s_cal), inp.posthoc(s_tst), ph_ex, "posthoc_verdict", lf, "layer_free")
+        if inp.keywords is not None:
+            kw = inp.keywords
+            kw_ex = np.array([kw(x) for x in ex_samples]) if ex_all else None
+            numbers(np.array([kw(s) for s in s_cal]), np.array([kw(s) for s in s_tst]), kw_ex, "keywords", lf,
+                    "layer_free")
+        for layer in layers:
+            lrep = out["layers"].setdefault(str(layer), {}).setdefault(gate, {})
+            ex_key = f"L{layer}"
+            head: Any
+            pooling: Any
+            td = {k: inp.encode(layer, v) for k, v in (("select", sel), ("calib", cal), ("test", tst))}
+            td_ex = inp.encode_extra(layer, ex_all) if ex_all and inp.encode_extra is not None else None
+            if layer == inp.shipped_layer:
+                head, pooling = inp.shipped[gate]
+                ref = inp.shipped_reference[gate]
+            else:
+                head, pooling, ref = inp.fit_readout(gate, td["select"], s_sel, td["calib"], s_cal)
+            # 2-3: dense probe on the residual
+            Xs, _ = residual_features(inp.cache, layer, sel)
+            Xc, spans_c = residual_features(inp.cache, layer, cal)
+            Xt, spans_t = residual_features(inp.cache, layer, tst)
+            p = fit_probe(Xs, y_sel, Xc, y_cal)
+            Xe, spans_e = residual_features(extra_cache, layer, ex_all) if ex_all else (None, None)
+            numbers(p.pooled(Xc), p.pooled(Xt), p.pooled(Xe) if Xe is not None else None, "dense_pooled", lrep, ex_key)
+            numbers(p.streamed_dense(spans_c, pooling), p.streamed_dense(spans_t, pooling),
+                    p.streamed_dense(spans_e, pooling) if spans_e is not None else None, "dense_streamed", lrep, ex_key)
+            lrep["dense_pooled"]["C"] = p.C
+            del spans_c, spans_t
+            # 4: all SAE latents
+            q = fit_probe(sae_pooled(td["select"]), y_sel, sae_pooled(td["calib"]), y_cal)
+            numbers(q.pooled(sae_pooled(td["calib"])), q.pooled(sae_pooled(td["test"])),
+                    q.pooled(sae_pooled(td_ex)) if td_ex is not None else None, "sae_all_pooled", lrep, ex_key)
+            numbers(q.streamed_sparse(td["calib"], pooling), q.streamed_sparse(td["test"], pooling),
+                    q.streamed_sparse(td_ex, pooling) if td_ex is not None else None, "sae_all_streamed", lrep, ex_key)
+            lrep["sae_all_pooled"]["C"] = q.C
+            # 5-6: the sparse read-out and the paper's rule
+            numbers(head_sample_scores(td["calib"], head, pooling), head_sample_scores(td["test"], head, pooling),
+                    head_sample_scores(td_ex, head, pooling) if td_ex is not None else None, "sparse_readout", lrep, ex_key)
+            lrep["sparse_readout"].update({"n_latents": len(head.ids), "window": pooling.window,
+                                           "shipped": layer == inp.shipped_layer})
+            numbers(head_sample_scores(td["calib"], ref, Pooling()), head_sample_scores(td["test"], ref, Pooling()),
+                    head_sample_scores(td_ex, ref, Pooling()) if td_ex is not None else None, "paper_rule", lrep, ex_key)
+            log.info("ladder L%d %s: %s (%.0fs)", layer, gate,
+                     {k: round(v["average_precision"], 3) for k, v in lrep.items()}, time.time() - t0)
+    out["where_signal_is_lost"] = where_lost(out)
+    return out
+
+
+RUNG_ORDER = ("dense_pooled", "dense_streamed", "sae_all_pooled", "sae_all_streamed", "sparse_readout", "paper_rule")
+STEPS = (("dense_pooled", "dense_streamed", "the deployed window (pooled -> streamed)"),
+         ("dense_pooled", "sae_all_pooled", "the SAE dictionary (residual -> all latents)"),
+         ("sae_all_streamed", "sparse_readout", "latent selection and read-out fitting (all latents -> sparse)"))
+
+
+def where_lost(rep: dict[str, Any]) -> dict[str, Any]:
+    """Per layer and gate, the AP and recall lost at each step of the ladder, largest first."""
+    out: dict[str, Any] = {}
+    for layer, gates in rep["layers"].items():
+        for gate, rungs in gates.items():
+            steps = []
+            for a, b, what in STEPS:
+                if a in rungs and b in rungs:
+                    steps.append({"step": what, "from": a, "to": b,
+                                  "ap_lost": rungs[a]["average_precision"] - rungs[b]["average_precision"],
+                                  "recall_lost": rungs[a]["recall_at_budget"] - rungs[b]["recall_at_budget"]})
+            ph = rep["layer_free"].get(gate, {}).get("posthoc_verdict")
+            if ph is not None and "dense_pooled" in rungs:
+                steps.append({"step": "reading the residual instead of the verdict", "from": "posthoc_verdict",
+                              "to": "dense_pooled",
+                              "ap_lost": ph["average_precision"] - rungs["dense_pooled"]["average_precision"],
+                              "recall_lost": ph["recall_at_budget"] - rungs["dense_pooled"]["recall_at_budget"]})
+            out[f"L{layer}/{gate}"] = sorted(steps, key=lambda s: -s["recall_lost"])
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# leave one source out
+
+def source_family(source: str) -> str:
+    """Sources grouped by where the text came from (one prompt generator or one published collection)."""
+    parts = source.split("/")
+    return "/".join(parts[:2])
+
+
+def loso(inp: LadderInputs, layer: int, min_select: int = 20, families: Sequence[str] | None = None,
+         probes: bool = True) -> dict[str, Any]:
+    """For each family of unsafe sources with at least ``min_select`` select samples: refit the read-out (and
+    the probes) without that family's unsafe samples, threshold at the budget on the calibration split's
+    benign traffic, and measure recall on the family's unsafe samples in every split (none seen by the refit)
+    and the test split's benign traffic flagged."""
+    from guard.recipe.selection import head_sample_scores
+
+    ev = inp.every
+    out: dict[str, Any] = {}
+    for gate in GATES:
+        sel = [i for i in inp.split_idx["select"] if ev[i].gate == gate]
+        cal = [i for i in inp.split_idx["calib"] if ev[i].gate == gate]
+        tst = [i for i in inp.split_idx["test"] if ev[i].gate == gate]
+        fams: dict[str, int] = {}
+        for i in sel:
+            if ev[i].label:
+                f = source_family(ev[i].source)
+                fams[f] = fams.get(f, 0) + 1
+        todo = sorted(f for f, n in fams.items() if n >= min_select and (families is None or f in families))
+        bench = [i for i in tst if inp.is_benign_traffic(ev[i])]
+        for fam in todo:
+            t = time.time()
+
+            def held(i: int, fam: str = fam) -> bool:
+                return bool(ev[i].label) and source_family(ev[i].source) == fam
+
+            sel_k = [i for i in sel if not held(i)]
+            cal_k = [i for i in cal if not held(i)]
+            target = [i for i in sel + cal + tst if held(i)]
+            s_sel, s_cal = [ev[i] for i in sel_k], [ev[i] for i in cal_k]
+            bt_cal = np.array([inp.is_benign_traffic(s) for s in s_cal])
+            td_sel, td_cal = inp.encode(layer, sel_k), inp.encode(layer, cal_k)
+            td_tgt, td_ben = inp.encode(layer, target), inp.encode(layer, bench)
+            head, pooling, _ = inp.fit_readout(gate, td_sel, s_sel, td_cal, s_cal)
+            r: dict[str, Any] = {"n_held_out": len(target), "n_select_removed": len(sel) - len(sel_k)}
+
+            def at_budget(sc_cal: np.ndarray, sc_tgt: np.ndarray, sc_ben: np.ndarray, bt_cal: np.ndarray = bt_cal,
+                          gate: str = gate) -> dict[str, float]:
+                thr = C.threshold_at_budget(sc_cal[bt_cal], inp.budgets[gate])
+                return {"recall": flagged(sc_tgt, thr), "benign_traffic_flagged": flagged(sc_ben, thr)}
+
+            r["sparse_readout"] = at_budget(head_sample_scores(td_cal, head, pooling), head_sample_scores(td_tgt, head, pooling),
+                                            head_sample_scores(td_ben, head, pooling))
+            if probes:
+                y_sel = np.array([s.label for s in s_sel])
+                y_cal = np.array([s.label for s in s_cal])
+                Xs, _ = residual_features(inp.cache, layer, sel_k)
+                Xc, _ = residual_features(inp.cache, layer, cal_k)
+                Xg, _ = residual_features(inp.cache, layer, target)
+                Xb, _ = residual_features(inp.cache, layer, bench)
+                p = fit_probe(Xs, y_sel, Xc, y_cal)
+                r["dense_pooled"] = at_budget(p.pooled(Xc), p.pooled(Xg), p.pooled(Xb))
+                q = fit_probe(sae_pooled(td_sel), y_sel, sae_pooled(td_cal), y_cal)
+                r["sae_all_pooled"] = at_budget(q.pooled(sae_pooled(td_cal)), q.pooled(sae_pooled(td_tgt)),
+                                                q.pooled(sae_pooled(td_ben)))
+            r["seconds"] = time.time() - t
+            out[f"{gate}/{fam}"] = r
+            log.info("leave-one-source-out %s/%s: %s", gate, fam, json.dumps(r))
+    return out
+
+
+def fresh_prompt_numbers(flags: dict[str, float]) -> dict[str, float]:
+    """The prompt-gate targets on the freshly written sets: recall on direct harmful requests, edgy-but-benign
+    and everyday prompts refused, and the balanced accuracy of harmful vs all benign prompts."""
+    h = flags.get("fresh_harmful")
+    e = flags.get("fresh_benign_edgy")
+    d = flags.get("everyday")
+    out = {k: v for k, v in (("harmful_refused", h), ("edgy_benign_refused", e), ("everyday_refused", d)) if v is not None}
+    if h is not None and e is not None:
+        out["balanced_accuracy_vs_edgy"] = 0.5 * (h + 1.0 - e)
+    if h is not None and d is not None:
+        out["balanced_accuracy_vs_everyday"] = 0.5 * (h + 1.0 - d)
+    return out
+
+
+def write_report(path: Path, rep: dict[str, Any]) -> None:
+    path.write_text(json.dumps(rep, indent=1, default=str))
