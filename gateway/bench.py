@@ -28,9 +28,15 @@ from inference.vllm_engine import resolve_model
 class RunStats:
     ttft: list[float] = field(default_factory=list)
     itl: list[float] = field(default_factory=list)
-    tokens: int = 0
+    # per stream (last content - first content) / (tokens - 1): time per output token, which stays comparable
+    # when a server sends several tokens in one chunk
+    tpot: list[float] = field(default_factory=list)
+    tokens: int = 0               # completion tokens delivered (the usage chunk's count; chunks where absent)
+    chunks: int = 0               # content deltas received (the guard's hold-back may merge tokens into one)
     wall: float = 0.0
     errors: int = 0
+    # every stream that ended before max_tokens: why (finish_reason, the guard's safety object) and where
+    short: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -50,12 +56,18 @@ async def _one(
         "temperature": 0.8,
         "seed": i,
         "stream": True,
+        "stream_options": {"include_usage": True},
         "ignore_eos": True,
     }
     if not guard and tag == "gateway":   # guard off for the ratio the issue targets; vLLM knows no guard
         body["guard"] = {"enabled": False}
     t0 = time.perf_counter()
     last = None
+    n_chunks = 0
+    usage_tokens: int | None = None
+    finish: str | None = None
+    safety: Any = None
+    stats_first: float | None = None
     try:
         async with client.stream("POST", url, json=body) as r:
             if r.status_code != 200:
@@ -69,19 +81,34 @@ async def _one(
                 if "error" in chunk:
                     stats.errors += 1
                     return
+                if chunk.get("usage"):
+                    usage_tokens = int(chunk["usage"].get("completion_tokens") or 0)
                 for c in chunk.get("choices", []):
+                    if c.get("finish_reason"):
+                        finish = c["finish_reason"]
+                        safety = c.get("safety")
                     content = (c.get("delta") or {}).get("content")
                     if not content:
                         continue
                     now = time.perf_counter()
                     if last is None:
                         stats.ttft.append(now - t0)
+                        stats_first = now
                     else:
                         stats.itl.append(now - last)
                     last = now
-                    stats.tokens += 1
+                    n_chunks += 1
     except httpx.HTTPError:
         stats.errors += 1
+        return
+    delivered = usage_tokens if usage_tokens is not None else n_chunks
+    stats.tokens += delivered
+    if stats_first is not None and last is not None and delivered > 1:
+        stats.tpot.append((last - stats_first) / (delivered - 1))
+    stats.chunks += n_chunks
+    if delivered < max_tokens:
+        stats.short.append({"request": i, "server": tag, "tokens": delivered, "chunks": n_chunks,
+                            "finish_reason": finish, "safety": safety})
 
 
 async def _round(base: str, model: str, n_requests: int, concurrency: int, max_tokens: int, guard: bool, tag: str) -> RunStats:
@@ -127,9 +154,12 @@ def _summ(s: RunStats) -> dict[str, float]:
         "ttft_p99_ms": 1000 * _pct(s.ttft, 0.99),
         "itl_mean_ms": 1000 * (statistics.fmean(s.itl) if s.itl else float("nan")),
         "itl_p99_ms": 1000 * _pct(s.itl, 0.99),
+        "tpot_mean_ms": 1000 * (statistics.fmean(s.tpot) if s.tpot else float("nan")),
         "tokens_per_s": s.tokens / s.wall if s.wall else 0.0,
         "tokens": s.tokens,
+        "chunks": s.chunks,
         "errors": s.errors,
+        "streams_ended_early": len(s.short),
     }
 
 
@@ -138,9 +168,11 @@ def _merge(rs: list[RunStats]) -> RunStats:
     for r in rs:
         out.ttft += r.ttft
         out.itl += r.itl
+        out.tpot += r.tpot
         out.tokens += r.tokens
         out.wall += r.wall
         out.errors += r.errors
+        out.short += r.short
     return out
 
 
@@ -189,7 +221,8 @@ def main(args: argparse.Namespace) -> int:
         for _ in range(rounds):
             v_runs.append(asyncio.run(_round(vbase, name, per, args.concurrency, args.max_tokens, guard, "vllm")))
             g_runs.append(asyncio.run(_round(gbase, name, per, args.concurrency, args.max_tokens, guard, "gateway")))
-    v, g = _summ(_merge(v_runs)), _summ(_merge(g_runs))
+    vm, gm = _merge(v_runs), _merge(g_runs)
+    v, g = _summ(vm), _summ(gm)
     report = {
         "model": name,
         "concurrency": args.concurrency,
@@ -202,6 +235,9 @@ def main(args: argparse.Namespace) -> int:
         "ttft_p50_overhead_ms": g["ttft_p50_ms"] - v["ttft_p50_ms"],
         "ttft_p99_overhead_ms": g["ttft_p99_ms"] - v["ttft_p99_ms"],
         "itl_mean_ratio": g["itl_mean_ms"] / v["itl_mean_ms"] if v["itl_mean_ms"] else None,
+        "tpot_mean_ratio": g["tpot_mean_ms"] / v["tpot_mean_ms"] if v["tpot_mean_ms"] else None,
+        "tokens_expected_per_server": per * rounds * args.max_tokens,
+        "short_streams": {"vllm": vm.short, "gateway": gm.short},
     }
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
