@@ -13,6 +13,8 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from guard.api import GuardInputError
+
 log = logging.getLogger(__name__)
 
 _STATUS_TYPE = {
@@ -90,10 +92,25 @@ def _validation_error(exc: RequestValidationError) -> OpenAIError:
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     param = _loc_to_param(loc)
+    if first.get("type") == "extra_forbidden" and param:
+        msg = f"Unknown field '{param}'"
+        known = _known_fields(exc, loc)
+        if known:
+            import difflib
+
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            msg += (f"; did you mean '{close[0]}'?" if close else "") + f" Known: {', '.join(known)}"
     text = f"{msg} (param: {param})" if param else msg
     if len(errors) > 1:
         text += f" and {len(errors) - 1} more error(s)"
     return bad_request(text, param=param, code="invalid_value" if param else None)
+
+
+def _known_fields(exc: RequestValidationError, loc: tuple[Any, ...]) -> list[str]:
+    """The fields of the model that refused an unknown one (only the guard overrides forbid extras)."""
+    from gateway.protocol import GuardOverrides
+
+    return sorted(GuardOverrides.model_fields) if "guard" in loc else []
 
 
 QUEUE_RETRY_AFTER_S = 5
@@ -139,6 +156,20 @@ def install_error_handlers(app: FastAPI) -> None:
             headers={"Retry-After": str(QUEUE_RETRY_AFTER_S)},
         )
         return JSONResponse(err.body(), status_code=503, headers=err.headers)
+
+    @app.exception_handler(GuardInputError)
+    async def _guard_input(request: Request, exc: GuardInputError) -> JSONResponse:
+        err = bad_request(str(exc), param=exc.param, code="invalid_guard_input")
+        return JSONResponse(err.body(), status_code=400)
+
+    @app.exception_handler(UnicodeError)
+    async def _bad_unicode(request: Request, exc: UnicodeError) -> JSONResponse:
+        # JSON may carry a lone surrogate ("\ud800"), which no tokenizer can read: the caller's input
+        start = getattr(exc, "start", None)
+        where = f" at character {start}" if start is not None else ""
+        err = bad_request(f"The request holds text that is not valid Unicode (a lone surrogate{where}).",
+                          code="invalid_unicode")
+        return JSONResponse(err.body(), status_code=400)
 
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:

@@ -25,6 +25,16 @@ from pydantic import (
 
 log = logging.getLogger(__name__)
 
+# A sampling seed is a signed 64-bit integer (OpenAI's and vLLM's generators); a larger one would fail inside
+# the engine once the stream had started.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
+
+def _check_min_tokens(min_tokens: int, max_tokens: int | None) -> None:
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise ValueError(f"'min_tokens' ({min_tokens}) must be at most 'max_tokens' ({max_tokens})")
+
+
 # Each stop string is matched against the text at every step: a long one is the caller's cost paid by all.
 MAX_STOP_CHARS = 256
 
@@ -74,7 +84,41 @@ UNSERVED_HINTS = {
 }
 
 
-class RequestBase(OpenAIBaseModel):
+def _find_lone_surrogate(v: Any, path: str = "") -> str | None:
+    """The path of the first string holding a lone surrogate (JSON's "\\ud800" decodes to one), which no
+    tokenizer can read; None when every string is valid Unicode."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(v, dict):
+        items: Any = v.items()
+    elif isinstance(v, list):
+        items = enumerate(v)
+    else:
+        return None
+    for k, x in items:
+        found = _find_lone_surrogate(x, f"{path}.{k}" if path else str(k))
+        if found is not None:
+            return found
+    return None
+
+
+class ValidUnicode(BaseModel):
+    """Top-level request models: a lone surrogate anywhere in the body is a 400 naming the field."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = _find_lone_surrogate(data)
+        if where is not None:
+            raise ValueError(f"'{where}' is not valid Unicode (it holds a lone surrogate)")
+        return data
+
+
+class RequestBase(ValidUnicode, OpenAIBaseModel):
     """What request models share: the fields sent that this gateway will not act on."""
 
     def unserved_fields(self) -> list[str]:
@@ -124,6 +168,10 @@ class GuardOverrides(OpenAIBaseModel):
     )
     hold_back: int | None = Field(default=None, ge=1, le=64, description="At least the operator's hold-back.")
     include_scores: bool = Field(default=False, description="Attach per-token `risk` scores to streamed choices.")
+
+    # Ours, not OpenAI's: no client sends vendor extras here, and a misspelt policy field silently ignored
+    # would leave the caller believing a policy is in force that is not.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
 class Usage(OpenAIBaseModel):
@@ -267,7 +315,7 @@ class ChatCompletionRequest(RequestBase):
     parallel_tool_calls: bool | None = None
     presence_penalty: float | None = Field(default=0.0, ge=-2, le=2)
     response_format: ResponseFormat | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -304,6 +352,7 @@ class ChatCompletionRequest(RequestBase):
 
     @model_validator(mode="after")
     def _checks(self) -> ChatCompletionRequest:
+        _check_min_tokens(self.min_tokens, self.max_completion_tokens or self.max_tokens)
         if self.top_logprobs is not None and self.top_logprobs > 0 and not self.logprobs:
             raise ValueError("'top_logprobs' requires 'logprobs' to be true")
         if self.stream_options is not None and not self.stream:
@@ -432,7 +481,7 @@ class CompletionRequest(RequestBase):
     max_tokens: int | None = Field(default=16, ge=0)
     n: int | None = Field(default=1, ge=1, le=16)
     presence_penalty: float | None = Field(default=0.0, ge=-2, le=2)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -452,6 +501,7 @@ class CompletionRequest(RequestBase):
 
     @model_validator(mode="after")
     def _checks(self) -> CompletionRequest:
+        _check_min_tokens(self.min_tokens, self.max_tokens)
         if isinstance(self.prompt, list) and len(self.prompt) == 0:
             raise ValueError("'prompt' must not be empty")
         if self.best_of not in (None, 1) and self.best_of != self.n:
@@ -515,7 +565,7 @@ class ModelList(OpenAIBaseModel):
 
 # ---------------------------------------------------------------------------------------------
 # moderations — https://platform.openai.com/docs/api-reference/moderations
-class ModerationRequest(OpenAIBaseModel):
+class ModerationRequest(ValidUnicode, OpenAIBaseModel):
     input: str | list[str]
     model: str | None = None
 
@@ -543,7 +593,7 @@ class ModerationResponse(OpenAIBaseModel):
 
 # ---------------------------------------------------------------------------------------------
 # --- nextguard extensions: guard scoring (not part of the OpenAI API) ---
-class GuardScoreRequest(OpenAIBaseModel):
+class GuardScoreRequest(ValidUnicode, OpenAIBaseModel):
     """Score a prompt (a single user turn) or a whole conversation (``messages``, as in chat completions),
     and optionally a response to it, exactly as the stream's guard reads them."""
 

@@ -47,6 +47,16 @@ class GuardBusy(Exception):
     ``Retry-After``); the response gate ends the stream with a ``guard_busy`` :class:`SafetyCut` instead."""
 
 
+class GuardInputError(ValueError):
+    """The text cannot be scored as given: longer than the guard's context, or not valid Unicode. The
+    caller's input, not a guard fault: it is refused (a 400 at the HTTP edge), never failed open or closed,
+    since a fail-open policy would let unscored text through."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 # Who waits for a guard slot. Slots are shared between clients round-robin (first come first served within
 # one client), so a client flooding requests cannot starve another. The gateway puts the request's tenant
 # here; unset, every request is the one client "" and the slots are plain first come first served.

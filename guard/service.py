@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from guard.api import FeatureActivation, GuardBusy, GuardPolicy, SafetyCut, report_fail_open
+from guard.api import FeatureActivation, GuardBusy, GuardInputError, GuardPolicy, SafetyCut, report_fail_open
 from guard.batching import GuardEngine, GuardError
 from guard.bundle import MonitorSpec, load_model_for
 from guard.config import GuardSettings
@@ -60,6 +60,35 @@ class _Pending:
     delta: TokenDelta
     char_end: int          # response characters (as the guard reads them) up to the end of this delta
     n_tokens: int          # generator tokens in this delta
+
+
+def _check_unicode(text: str) -> None:
+    """A lone surrogate (JSON allows ``\\ud800``) cannot be encoded, so no tokenizer can read the text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise GuardInputError(f"The text is not valid Unicode: a lone surrogate at character {e.start}.") from None
+
+
+class _UpstreamError(Exception):
+    """An error raised by the stream the guard watches (the engine), carried past the guard's own failure
+    handling: an engine error is the engine's, never a guard cut."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+async def _upstream(deltas: AsyncIterator[TokenDelta]) -> AsyncIterator[TokenDelta]:
+    it = deltas.__aiter__()
+    while True:
+        try:
+            d = await anext(it)
+        except StopAsyncIteration:
+            return
+        except Exception as e:
+            raise _UpstreamError(e) from e
+        yield d
 
 
 @dataclass
@@ -184,6 +213,7 @@ class NextGuard:
 
     # -- whole texts (prompt gate, score endpoint, moderation) --------------------------------------
     def _encode(self, gt: GuardText) -> tuple[list[int], list[tuple[int, int]], tuple[int, int]]:
+        _check_unicode(gt.text)
         enc = self._tok(gt.text, return_offsets_mapping=True, add_special_tokens=False)
         ids, offs = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
         return ids, offs, token_span(offs, gt.char_start, gt.char_end)
@@ -191,7 +221,8 @@ class NextGuard:
     async def _score_text(self, gt: GuardText, gate: GateScorer) -> dict[str, Any]:
         ids, offs, span = await asyncio.to_thread(self._encode, gt)
         if len(ids) > self.settings.max_len:
-            raise GuardError(f"text of {len(ids)} tokens exceeds the guard's max_len {self.settings.max_len}")
+            raise GuardInputError(f"The text is {len(ids)} guard tokens long; the guard scores at most "
+                                  f"{self.settings.max_len}. Send a shorter text.")
         slot = await self.engine.acquire(self.settings.slot_wait_s)    # GuardBusy past the wait
         try:
             resid = await self.engine.forward(slot, ids)
@@ -220,8 +251,8 @@ class NextGuard:
         gate = self._gate("prompt", policy)
         try:
             r = await self._score_text(prompt_text(conversation), gate)
-        except GuardBusy:
-            raise           # not a guard fault: the caller answers 503 and the client retries
+        except (GuardBusy, GuardInputError):
+            raise           # not a guard fault: the caller answers 503 (retry) or 400 (the input)
         except Exception as e:
             if policy.fail_closed:
                 return self._error_cut("prompt", 0, e)
@@ -303,7 +334,7 @@ class NextGuard:
             resid = await self.engine.forward(slot, ctx)
             st.scorer.context(resid.float().norm(dim=-1).tolist())
             text_len = 0
-            async for d in deltas:
+            async for d in _upstream(deltas):
                 text = st.feed(d.text)
                 text_len += len(text)
                 st.pending.append(_Pending(d, text_len, len(d.token_ids)))
@@ -325,6 +356,8 @@ class NextGuard:
                 yield p
         except GeneratorExit:
             raise
+        except _UpstreamError as e:
+            raise e.error from None
         except Exception as e:
             if policy.fail_closed:
                 yield self._error_cut("response", st.released_tokens, e)

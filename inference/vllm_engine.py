@@ -129,11 +129,16 @@ class VLLMEngineClient:
     def check_options(self, options: SamplingOptions) -> None:
         # The checks vLLM runs when a request is added (schema compiles, token ids in the vocabulary), run
         # here on a throw-away copy so that a bad request is refused before its stream starts.
-        if options.structured is None and not options.logit_bias:
-            return
         from vllm.exceptions import VLLMClientError
 
-        params = _sampling_params(options, self._card.max_model_len)
+        try:
+            # SamplingParams checks its own arguments (ranges, min_tokens <= max_tokens, ...) when built
+            params = _sampling_params(options, self._card.max_model_len)
+        except (ValueError, TypeError, OverflowError, VLLMClientError) as e:
+            raise InvalidOptionsError(str(e.args[0]) if e.args else type(e).__name__,
+                                      param=getattr(e, "parameter", None)) from e
+        if options.structured is None and not options.logit_bias:
+            return
         cfg = self._engine.vllm_config
         try:
             params.verify(self._engine.model_config, cfg.speculative_config, cfg.structured_outputs_config,

@@ -105,6 +105,12 @@ class OpsMiddleware:
             await _error_response(OpenAIError(404, f"Unknown route {method} {path}"))(scope, receive, send)
             return
 
+        bad_header = _unknown_operator_header(scope)
+        if bad_header is not None:
+            metrics.REQUESTS.labels(_route_label(path), "400").inc()
+            await _error_response(bad_header)(scope, receive, send)
+            return
+
         if rt.draining and not public:
             metrics.SHED.labels("503", "draining").inc()
             await _error_response(
@@ -229,6 +235,24 @@ class OpsMiddleware:
                     # The response is out; the request ends once its lines are in the file (written by the audit
                     # thread, so the loop keeps serving meanwhile). Shielded: a disconnect must not drop them.
                     await asyncio.shield(asyncio.wrap_future(written))
+
+
+# Headers of ours a request may carry. Any other ``X-NextGuard-*`` is refused, not ignored: a misspelt
+# operator header would otherwise leave the caller believing it took effect.
+OPERATOR_HEADERS = frozenset({TENANT_HEADER.lower()})
+
+
+def _unknown_operator_header(scope: Scope) -> OpenAIError | None:
+    for k, _ in scope.get("headers") or []:
+        name = k.decode("latin-1").lower()
+        if name.startswith("x-nextguard-") and name not in OPERATOR_HEADERS:
+            import difflib
+
+            close = difflib.get_close_matches(name, OPERATOR_HEADERS, n=1)
+            hint = f"; did you mean '{TENANT_HEADER}'?" if close else ""
+            return OpenAIError(400, f"Unknown header '{name}'{hint} Known: {TENANT_HEADER}.", param=name,
+                               code="unknown_header")
+    return None
 
 
 def _acting_for(principal: Principal, header: bytes | None) -> Principal:

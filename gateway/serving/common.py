@@ -85,15 +85,15 @@ def check_fields(req: RequestBase) -> None:
 
 
 def check_options(engine: EngineClient, options: SamplingOptions, structured_param: str) -> None:
-    """What the engine would refuse once streaming started (a schema it cannot compile, a token id outside
-    the vocabulary) is refused now, as a 400 naming the request field."""
-    if options.structured is None and not options.logit_bias:
-        return
+    """What the engine would refuse once streaming started (sampling parameters it rejects, a schema it
+    cannot compile, a token id outside the vocabulary) is refused now, as a 400 naming the request field,
+    so that an engine error never shows up as a guard cut or a broken stream."""
     try:
         engine.check_options(options)
     except InvalidOptionsError as e:
-        param = structured_param if e.param == "structured" else "logit_bias"
-        raise bad_request(f"Invalid '{param}': {e}", param=param, code="invalid_value") from e
+        param = {"structured": structured_param, "logit_bias": "logit_bias"}.get(e.param or "", e.param)
+        raise bad_request(f"Invalid '{param}': {e}" if param else f"Invalid sampling options: {e}", param=param,
+                          code="invalid_value") from e
 
 
 def stop_tuple(stop: str | list[str] | None) -> tuple[str, ...]:

@@ -235,3 +235,38 @@ async def test_operator_budget_sets_the_threshold_from_the_benign_scores(tok, tm
     assert 0.94 < thr < 0.95                                # 5 of the 100 benign scores lie above it
     assert g.threshold("response", GuardPolicy(response_threshold=0.5)) == 0.5   # a request's own threshold wins
     assert g.threshold("prompt", GuardPolicy()) == g.spec.threshold("prompt")     # no budget: the build's
+
+
+async def test_text_the_guard_cannot_read_is_refused_never_failed_open(tok, tmp_path):
+    from guard.api import GuardInputError
+
+    g, _, _ = make_guard(tok, tmp_path, max_len=64)
+    long_text = " ".join(["word"] * 400)
+    for policy in (GuardPolicy(), GuardPolicy(fail_closed=False)):
+        with pytest.raises(GuardInputError, match="at most 64"):
+            await g.check_prompt(user(long_text), policy)
+    with pytest.raises(GuardInputError):
+        await g.moderate([long_text])
+    with pytest.raises(GuardInputError):
+        await g.score_text(long_text)
+    with pytest.raises(GuardInputError, match="lone surrogate"):
+        await g.moderate(["fine \ud800 text"])
+
+
+async def test_an_engine_error_passes_through_the_guard_as_itself(tok, tmp_path):
+    """A failing engine is the engine's error, not a guard cut: under both policies the watch re-raises it."""
+    from inference.engine import EngineError
+
+    async def failing():
+        for d in _deltas(TEXT_SAFE, tok)[:2]:
+            yield d
+        raise EngineError("engine died")
+
+    for policy in (GuardPolicy(), GuardPolicy(fail_closed=False)):
+        g, runner, _ = make_guard(tok, tmp_path)
+        got = []
+        with pytest.raises(EngineError, match="engine died"):
+            async for x in g.watch(user("tell me a story"), failing(), policy):
+                got.append(x)
+        assert not any(isinstance(x, SafetyCut) for x in got)
+        assert runner.n_active == 0

@@ -16,7 +16,7 @@ from gateway.protocol import (
     ModerationResult,
 )
 from gateway.serving.common import new_id
-from guard.api import GuardBusy
+from guard.api import GuardBusy, GuardInputError
 
 router = APIRouter(tags=["guard"])
 
@@ -36,6 +36,8 @@ def _guard(request: Request) -> Any:
 async def _call(coro: Any) -> Any:
     try:
         return await coro
+    except GuardInputError as e:     # longer than the guard's context, or not valid Unicode
+        raise OpenAIError(400, str(e), param=e.param, code="invalid_guard_input") from e
     except ValueError as e:          # e.g. text longer than the guard's context: the caller's to fix
         raise OpenAIError(400, str(e), code="invalid_value") from e
     except GuardBusy as e:

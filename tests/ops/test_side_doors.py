@@ -1,0 +1,167 @@
+"""Side doors around the guard, each tried against the real app (scripted engine and guard doubles): bad
+input that used to end as a 5xx or be silently ignored, and engine errors that used to look like guard cuts.
+Every test here fails if its door reopens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guard.api import GuardInputError, GuardPolicy
+from tests.doubles import ScriptedEngine, ScriptedGuard
+from tests.ops.conftest import assert_openai_error, chat, client, dead_redis_url, make_app
+
+
+class LengthLimitedGuard(ScriptedGuard):
+    """The scripted guard with a context limit, as the real one has (its tokens are characters here)."""
+
+    max_len: int = 64
+
+    def _check(self, text: str) -> None:
+        if len(text) > self.max_len:
+            raise GuardInputError(f"The text is {len(text)} guard tokens long; the guard scores at most {self.max_len}.")
+
+    async def moderate(self, texts: Any) -> list[dict[str, Any]]:
+        for t in texts:
+            self._check(t)
+        return await super().moderate(texts)
+
+    async def score_text(self, prompt: Any, response: str | None = None) -> dict[str, Any]:
+        self._check(response if response is not None else str(prompt))
+        return await super().score_text(prompt, response)
+
+    async def check_prompt(self, conversation: Any, policy: GuardPolicy) -> Any:
+        self._check(" ".join(c for _, c in conversation))
+        return await super().check_prompt(conversation, policy)
+
+
+def _app(tmp_path: Path, guard: Any = None) -> tuple[Any, ScriptedEngine]:
+    engine = ScriptedEngine()
+    app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url(), guard=guard or ScriptedGuard(trigger="world"),
+                      guard_policy=GuardPolicy())
+    return app, engine
+
+
+# -- text longer than the guard reads: a 400 naming the problem, never a 500 ----------------------------
+@pytest.mark.parametrize(("route", "body"), [
+    ("/v1/moderations", {"input": "x" * 200}),
+    ("/v1/guard/score", {"prompt": "x" * 200}),
+    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": "x" * 200}])),
+], ids=["moderations", "guard-score", "chat-prompt-gate"])
+async def test_text_over_the_guard_context_is_a_400(tmp_path: Path, route: str, body: dict[str, Any]) -> None:
+    app, engine = _app(tmp_path, LengthLimitedGuard())
+    async with client(app) as c:
+        r = await c.post(route, json=body)
+    err = assert_openai_error(r, 400, "invalid_guard_input")
+    assert "at most 64" in err["message"]
+    assert engine.requests == []
+
+
+# -- a lone surrogate: a 400 naming the field -----------------------------------------------------------
+@pytest.mark.parametrize(("route", "raw", "field"), [
+    ("/v1/completions", '{"model": "scripted", "prompt": "hi \\ud800 there", "max_tokens": 4}', "prompt"),
+    ("/v1/completions", '{"model": "scripted", "prompt": ["ok", "hi \\ud800"], "max_tokens": 4}', "prompt.1"),
+    ("/v1/moderations", '{"input": "hi \\ud800"}', "input"),
+    ("/v1/guard/score", '{"prompt": "a", "response": "\\udfff"}', "response"),
+    ("/v1/chat/completions", '{"model": "scripted", "messages": [{"role": "user", "content": "\\ud800"}]}',
+     "messages.0.content"),
+], ids=["completions", "completions-list", "moderations", "guard-score", "chat"])
+async def test_lone_surrogate_is_a_400(tmp_path: Path, route: str, raw: str, field: str) -> None:
+    app, engine = _app(tmp_path)
+    async with client(app) as c:
+        r = await c.post(route, content=raw.encode(), headers={"content-type": "application/json"})
+    err = assert_openai_error(r, 400)
+    assert f"'{field}' is not valid Unicode" in err["message"]
+    assert engine.requests == []
+
+
+# -- engine validation errors are 400s before any stream, never guard cuts ------------------------------
+@pytest.mark.parametrize(("route", "extra", "param"), [
+    ("/v1/chat/completions", {"min_tokens": 10, "max_tokens": 5}, None),
+    ("/v1/completions", {"min_tokens": 10, "max_tokens": 5}, None),
+    ("/v1/chat/completions", {"seed": 2**64}, "seed"),
+    ("/v1/completions", {"seed": -(2**63) - 1}, "seed"),
+], ids=["chat-min-tokens", "completions-min-tokens", "chat-seed", "completions-seed"])
+async def test_engine_validation_errors_are_400_before_the_stream(tmp_path: Path, route: str, extra: dict[str, Any],
+                                                                  param: str | None) -> None:
+    app, engine = _app(tmp_path)
+    body: dict[str, Any] = chat(**extra) if route.endswith("chat/completions") else {
+        "model": "scripted", "prompt": "hi", "stream": True, **extra}
+    async with client(app) as c:
+        r = await c.post(route, json=body)
+    err = assert_openai_error(r, 400)
+    assert err["param"] == param
+    assert ("min_tokens" in err["message"]) if param is None else ("seed" in err["message"])
+    assert engine.requests == []
+
+
+async def test_an_option_the_engine_refuses_is_a_400_naming_it(tmp_path: Path) -> None:
+    """Whatever the engine's own check refuses (not only schemas and logit bias) is refused up front."""
+    from inference.engine import InvalidOptionsError
+
+    class Picky(ScriptedEngine):
+        def check_options(self, options: Any) -> None:
+            if options.temperature == 0.5:
+                raise InvalidOptionsError("scripted: temperature 0.5 is not served", param="temperature")
+
+    engine = Picky()
+    app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url(), guard=ScriptedGuard(trigger="world"),
+                      guard_policy=GuardPolicy())
+    async with client(app) as c:
+        r = await c.post("/v1/chat/completions", json=chat(temperature=0.5))
+    err = assert_openai_error(r, 400, "invalid_value")
+    assert err["param"] == "temperature" and engine.requests == []
+
+
+async def test_an_engine_failure_mid_stream_is_an_engine_error_not_a_guard_cut(tmp_path: Path) -> None:
+    """The real guard re-raises what its upstream raises (tests/guard/test_service.py); through the gateway
+    the client sees the engine's error frame, and no content_filter finish."""
+    import json
+
+    engine = ScriptedEngine(fail_after=2)
+    app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url(), guard=None, guard_policy=GuardPolicy(enabled=False))
+    async with client(app) as c:
+        r = await c.post("/v1/chat/completions", json=chat())
+    frames = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+    assert any("error" in f and f["error"]["code"] == "engine_error" for f in frames)
+    assert not any(c.get("finish_reason") == "content_filter" for f in frames for c in f.get("choices", []))
+
+
+# -- unknown guard fields and operator headers: 400s like unsupported OpenAI fields ---------------------
+@pytest.mark.parametrize(("guard", "field", "hint"), [
+    ({"enable": False}, "guard.enable", "did you mean 'enabled'?"),
+    ({"response_treshold": 0.1}, "guard.response_treshold", "did you mean 'response_threshold'?"),
+    ({"mode": "off"}, "guard.mode", "Known:"),
+], ids=["enable", "treshold", "mode"])
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+async def test_unknown_guard_fields_are_refused(tmp_path: Path, route: str, guard: dict[str, Any], field: str,
+                                                hint: str) -> None:
+    app, engine = _app(tmp_path)
+    body: dict[str, Any] = chat(guard=guard) if route.endswith("chat/completions") else {
+        "model": "scripted", "prompt": "hi", "guard": guard}
+    async with client(app) as c:
+        r = await c.post(route, json=body)
+    err = assert_openai_error(r, 400, "invalid_value")
+    assert err["param"] == field and hint in err["message"]
+    assert engine.requests == []
+
+
+@pytest.mark.parametrize("header", ["X-NextGuard-Guard", "X-NextGuard-Tenat", "x-nextguard-policy"])
+async def test_unknown_operator_headers_are_refused(tmp_path: Path, header: str) -> None:
+    app, engine = _app(tmp_path)
+    async with client(app) as c:
+        r = await c.post("/v1/chat/completions", json=chat(), headers={header: "off"})
+    err = assert_openai_error(r, 400, "unknown_header")
+    assert err["param"] == header.lower()
+    assert engine.requests == []
+    if header == "X-NextGuard-Tenat":
+        assert "did you mean 'X-NextGuard-Tenant'?" in err["message"]
+
+
+async def test_known_operator_header_still_works_without_auth(tmp_path: Path) -> None:
+    app, engine = _app(tmp_path)
+    async with client(app) as c:
+        r = await c.post("/v1/chat/completions", json=chat(), headers={"X-NextGuard-Tenant": "acme"})
+    assert r.status_code == 200 and engine.requests
