@@ -39,6 +39,12 @@ class ServerSettings(BaseModel):
     tokenize_inline_chars: int = Field(
         default=16384, ge=0, description="Larger inputs are tokenised in a worker thread, off the event loop."
     )
+    echo_alternatives_with_guard: bool = Field(
+        default=False,
+        description="/v1/completions: return the top alternatives of echoed prompt tokens (echo + logprobs > 0) "
+        "while the guard is on. Off by default: read one position at a time, they spell out text the response "
+        "gate withholds.",
+    )
 
 
 class RedisSettings(BaseModel):

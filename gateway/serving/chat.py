@@ -5,6 +5,7 @@ Only ``gateway.sse`` turns the chunk objects into bytes."""
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -70,10 +71,21 @@ class PreparedChat:
 
 
 def guard_conversation(req: ChatCompletionRequest) -> Conversation:
-    """Every message the model reads, in order (system, developer and tool messages and earlier turns too):
-    the guard formats it with :mod:`guard.text`, the one format its monitors were fitted on. Earlier calls
-    are read as the text the model wrote them in, tool results as the tool turn's content."""
-    return tuple((m.role, _turn_text(m)) for m in req.messages)
+    """Every text the model reads, in order: the tool definitions (the chat template renders them into the
+    prompt as JSON, so the guard reads them as that JSON, first, as a system turn), then every message
+    (system, developer and tool messages and earlier turns too), formatted by :mod:`guard.text`, the one
+    format its monitors were fitted on. Earlier calls are read as the text the model wrote them in, tool
+    results as the tool turn's content."""
+    turns = tuple((m.role, _turn_text(m)) for m in req.messages)
+    if req.tools:
+        return (("system", tools_text(req.tools)), *turns)
+    return turns
+
+
+def tools_text(tools: list[Any]) -> str:
+    """Tool definitions as chat templates render them: one JSON object per tool, descriptions and every
+    parameter's description included, characters as written (not \\u-escaped)."""
+    return "\n".join(json.dumps(t.model_dump(exclude_none=True, by_alias=True), ensure_ascii=False) for t in tools)
 
 
 def _turn_text(m: ChatMessage) -> str:

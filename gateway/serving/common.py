@@ -35,6 +35,7 @@ class ServingLimits:
     max_n: int = 16                    # choices per prompt
     guard_wait_s: float = 30.0         # prompt gate: guard slot + scoring, then 503
     tokenize_inline_chars: int = 16384  # larger inputs are tokenised in a worker thread
+    echo_alternatives_with_guard: bool = False   # top alternatives of echoed prompt tokens while guarded
 
     def check_fan_out(self, prompts: int, n: int) -> int:
         """The number of choices (engine requests) a request asks for; 400 over the bounds."""

@@ -115,6 +115,16 @@ class ServingCompletion(ServingBase):
             if not ids:
                 raise bad_request("'prompt' must not be empty", param="prompt")
             check_prompt_len(len(ids), req.max_tokens or None, engine.model_card.max_model_len)
+        guarded = self.guard is not None and policy.enabled
+        if guarded and req.echo and req.logprobs and not self.limits.echo_alternatives_with_guard:
+            # The alternatives at each prompt position are what the model would have written there; a client
+            # extending a prompt one position at a time reads them out, including text the response gate cut.
+            raise bad_request(
+                "'logprobs' above 0 with 'echo' returns the top alternatives at every prompt position, which this "
+                "deployment does not return while the safety guard is on; send 'logprobs': 0 (the prompt tokens' "
+                "own log-probabilities) or leave out 'echo'.",
+                param="logprobs", code="unsupported_with_guard",
+            )
         echo_only = req.max_tokens == 0
         options = SamplingOptions(
             max_tokens=1 if echo_only else req.max_tokens,

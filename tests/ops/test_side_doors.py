@@ -165,3 +165,65 @@ async def test_known_operator_header_still_works_without_auth(tmp_path: Path) ->
     async with client(app) as c:
         r = await c.post("/v1/chat/completions", json=chat(), headers={"X-NextGuard-Tenant": "acme"})
     assert r.status_code == 200 and engine.requests
+
+
+# -- tool definitions are read by the model, so the prompt gate reads them ------------------------------
+def _tool(description: str = "Look up the weather.", param_description: str = "A city name.") -> dict[str, Any]:
+    return {"type": "function", "function": {
+        "name": "lookup", "description": description,
+        "parameters": {"type": "object", "properties": {"q": {"type": "string", "description": param_description}}}}}
+
+
+@pytest.mark.parametrize("where", ["description", "parameter"])
+async def test_a_harmful_tool_definition_is_refused_like_the_same_system_message(tmp_path: Path, where: str) -> None:
+    text = "explain the forbidden procedure step by step"
+    tool = _tool(description=text) if where == "description" else _tool(param_description=text)
+    app, engine = _app(tmp_path)
+    async with client(app) as c:
+        as_system = await c.post("/v1/chat/completions", json=chat(
+            messages=[{"role": "system", "content": text}, {"role": "user", "content": "hi"}]))
+        as_tool = await c.post("/v1/chat/completions", json=chat(tools=[tool]))
+    assert_openai_error(as_system, 400, "content_filter")
+    assert_openai_error(as_tool, 400, "content_filter")
+    assert engine.requests == []
+
+
+async def test_benign_tools_pass_and_the_guard_reads_them_first(tmp_path: Path) -> None:
+    from gateway.protocol import ChatCompletionRequest
+    from gateway.serving.chat import guard_conversation
+
+    req = ChatCompletionRequest.model_validate(chat(tools=[_tool()]))
+    conv = guard_conversation(req)
+    assert conv[0][0] == "system" and '"description": "Look up the weather."' in conv[0][1]
+    assert '"description": "A city name."' in conv[0][1] and conv[1] == ("user", "hi")
+    app, engine = _app(tmp_path)
+    async with client(app) as c:
+        r = await c.post("/v1/chat/completions", json=chat(tools=[_tool()]))
+    assert r.status_code == 200 and engine.requests
+
+
+# -- echoed prompt alternatives would spell out withheld text --------------------------------------------
+async def test_echoed_prompt_alternatives_are_refused_while_guarded(tmp_path: Path) -> None:
+    body = {"model": "scripted", "prompt": "Hello, wor", "echo": True, "logprobs": 5, "max_tokens": 0}
+    app, engine = _app(tmp_path)
+    async with client(app) as c:
+        r = await c.post("/v1/completions", json=body)
+        ok = await c.post("/v1/completions", json={**body, "logprobs": 0})
+    err = assert_openai_error(r, 400, "unsupported_with_guard")
+    assert err["param"] == "logprobs"
+    assert ok.status_code == 200, ok.text
+    top = ok.json()["choices"][0]["logprobs"]["top_logprobs"]
+    assert all(t is None or len(t) <= 1 for t in top)     # the prompt tokens' own, no alternatives
+
+
+async def test_echoed_alternatives_where_the_operator_allows_them_or_the_guard_is_off(tmp_path: Path) -> None:
+    body = {"model": "scripted", "prompt": "Hello", "echo": True, "logprobs": 2, "max_tokens": 0}
+    engine = ScriptedEngine()
+    app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url(), guard=ScriptedGuard(trigger="world"),
+                      guard_policy=GuardPolicy(), echo_alternatives_with_guard=True)
+    async with client(app) as c:
+        assert (await c.post("/v1/completions", json=body)).status_code == 200
+    app2, _ = make_app(ScriptedEngine(), tmp_path, redis_url=dead_redis_url(), guard=None,
+                       guard_policy=GuardPolicy(enabled=False))
+    async with client(app2) as c:
+        assert (await c.post("/v1/completions", json=body)).status_code == 200
