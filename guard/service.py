@@ -45,6 +45,7 @@ from guard.text import (
     prompt_text,
     response_context,
     response_text,
+    split_carry,
     token_span,
     user,
 )
@@ -102,6 +103,7 @@ class _StreamState:
     scored_ends: list[int] = field(default_factory=list)    # char end of each scored guard token
     scored_c: list[float] = field(default_factory=list)     # score c of each scored guard token
     released_chars: int = 0
+    char_base: int = 0          # response characters carried from the prompt (not this stream's to release)
 
 
 class NextGuard:
@@ -326,14 +328,24 @@ class NextGuard:
         st = _StreamState(scorer=StreamScorer(gate, norm_ratio=self.settings.norm_ratio), gate=gate,
                           retok=IncrementalRetokenizer(self._tok))
         failed_open = False
+        context, carry = split_carry(conversation)
         try:
-            ctx_text = response_context(conversation)
+            ctx_text = response_context(context)
             ctx = await asyncio.to_thread(lambda: self._tok(ctx_text, add_special_tokens=False)["input_ids"])
             if len(ctx) >= self.settings.max_len:
                 raise GuardError(f"conversation of {len(ctx)} tokens exceeds the guard's max_len {self.settings.max_len}")
             resid = await self.engine.forward(slot, ctx)
             st.scorer.context(resid.float().norm(dim=-1).tolist())
             text_len = 0
+            if carry:
+                # The answer so far (already the client's) fills the window before the first new token, so a
+                # continuation asked for a few tokens at a time is cut where it would be cut in one stream.
+                text = st.feed(carry)
+                text_len = st.char_base = st.released_chars = len(text)
+                cut = await self._score_new(slot, st, st.retok.feed(text, final=False), policy)
+                if cut is not None:
+                    yield cut
+                    return
             async for d in _upstream(deltas):
                 text = st.feed(d.text)
                 text_len += len(text)
@@ -385,7 +397,8 @@ class NextGuard:
             if now:
                 category, feats = st.scorer.cut_details()
                 # response characters are counted after the label's space, which the first delta carries
-                cut = self._cut(category, feats, c, st.gate.threshold, st.released_tokens, "response", max(0, a - 1), policy)
+                cut = self._cut(category, feats, c, st.gate.threshold, st.released_tokens, "response",
+                                max(0, a - 1 - st.char_base), policy)
                 if cut is not None:
                     return cut
             st.scored_ends.append(b)

@@ -70,6 +70,14 @@ def prompt_text(conv: Conversation) -> GuardText:
     return GuardText(text, min(start, len(text)), len(text))
 
 
+def split_carry(conv: Conversation) -> tuple[Conversation, str]:
+    """A conversation that ends inside an assistant answer (an assistant turn last, after at least one other):
+    the turns before it, and that answer, which the response gate reads as the start of the response."""
+    if len(conv) >= 2 and conv[-1][0] == "assistant" and conv[-1][1].strip():
+        return conv[:-1], conv[-1][1]
+    return conv, ""
+
+
 def response_context(conv: Conversation) -> str:
     """What precedes the response: the conversation and the assistant label (without its trailing space)."""
     return conversation_text(conv) + RESPONSE_LABEL

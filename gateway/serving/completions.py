@@ -31,8 +31,9 @@ from gateway.serving.common import (
     new_id,
     stop_tuple,
 )
+from gateway.serving.template_turns import template_conversation
 from guard.api import GuardFailure, GuardPolicy, SafetyCut
-from guard.text import user
+from guard.text import Conversation, split_carry, user
 from inference.types import SamplingOptions, TokenDelta, TokenLogprob
 
 
@@ -50,6 +51,11 @@ class PreparedCompletion:
     echo_only: bool                            # max_tokens == 0: score the prompt, generate nothing
     include_usage: bool
     guard_fail_open: list[GuardFailure] = field(default_factory=list)   # prompt gate, failed open
+
+
+def guard_conversation_of(prompt: str) -> Conversation:
+    """How the guard reads a raw prompt: the conversation its chat markup spells out, else one user turn."""
+    return template_conversation(prompt) or user(prompt)
 
 
 class LogprobBuilder:
@@ -144,7 +150,8 @@ class ServingCompletion(ServingBase):
         check_options(engine, options, "logit_bias")
         fail_open: list[GuardFailure] = []
         for _, text in prompts:
-            fail_open += await self.check_prompt(user(text), policy)
+            # the prompt gate reads what the model reads; an answer in progress is the response gate's
+            fail_open += await self.check_prompt(split_carry(guard_conversation_of(text))[0], policy)
         return PreparedCompletion(
             id=new_id("cmpl"),
             created=int(time.time()),
@@ -168,7 +175,8 @@ class ServingCompletion(ServingBase):
                 k = pi * p.n + j
                 streams.append(
                     choice_stream(
-                        self.engine, self.guard, p.policy, ids, user(text), choice_options(p.options, k), f"{p.id}-{k}", stats
+                        self.engine, self.guard, p.policy, ids, guard_conversation_of(text), choice_options(p.options, k),
+                        f"{p.id}-{k}", stats
                     )
                 )
         return streams

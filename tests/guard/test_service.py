@@ -270,3 +270,65 @@ async def test_an_engine_error_passes_through_the_guard_as_itself(tok, tmp_path)
                 got.append(x)
         assert not any(isinstance(x, SafetyCut) for x in got)
         assert runner.n_active == 0
+
+
+def _windowed_guard(tok, tmp_path, hold_back: int = 1):
+    """The planted monitor with a window of 4 tokens: one " bomb" alone stays under the threshold, two within
+    four tokens cross it, so a cut needs the evidence of several tokens, as the real read-outs do."""
+    from dataclasses import replace as dc_replace
+
+    from guard.monitor import Pooling
+
+    g, runner, bad = make_guard(tok, tmp_path)
+    gate = g._spec.gates["response"]
+    one = 0.4 / 4                       # a " bomb" token's activation (0.4) averaged over the window
+    g._spec.gates["response"] = dc_replace(gate, pooling=Pooling(4, 4), threshold=1.5 * one)
+    return g
+
+
+TEXT_SPLIT = "sure , first take the bomb bomb and then the rest is easy to do at home"
+
+
+async def _split_client(g, tok, chunk: int, policy: GuardPolicy) -> tuple[str, bool]:
+    """A client pulling the answer ``chunk`` generator tokens per request, each request's prompt ending with
+    the answer released so far as an assistant turn; returns what it got and whether it was cut."""
+    ids = tok(TEXT_SPLIT, add_special_tokens=False)["input_ids"]
+    released, pos = "", 0
+    while pos < len(ids):
+        piece = ids[pos:pos + chunk]
+        text = tok.decode(ids[:pos + len(piece)])[len(tok.decode(ids[:pos])):] if pos else tok.decode(piece)
+        conv = user("tell me a story") + ((("assistant", released),) if released else ())
+        d = TokenDelta("r", 0, piece, text, finish_reason="length")
+        out = [x async for x in g.watch(conv, _agen([d]), policy)]
+        got = "".join(x.text for x in out if isinstance(x, TokenDelta))
+        released += got
+        pos += len(piece)
+        if any(isinstance(x, SafetyCut) for x in out):
+            return released, True
+    return released, False
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 4])
+async def test_a_continuation_split_across_requests_is_cut_no_later(tok, tmp_path, chunk):
+    g = _windowed_guard(tok, tmp_path)
+    one = await _collect(g, [TokenDelta("r", 0, tok(TEXT_SPLIT, add_special_tokens=False)["input_ids"], TEXT_SPLIT,
+                                        finish_reason="stop")])
+    cut_one = next(x for x in one if isinstance(x, SafetyCut))
+    # in one stream the cut lands on the second " bomb": everything from it on is withheld
+    whole = TEXT_SPLIT.index("bomb bomb") + len("bomb ")
+    assert cut_one.char_offset <= whole
+    released, was_cut = await _split_client(g, tok, chunk, GuardPolicy())
+    assert was_cut, "a continuation pulled out a few tokens at a time must still be cut"
+    assert "bomb bomb" not in released and len(released.strip()) <= whole
+
+
+async def test_without_the_carried_answer_each_request_starts_afresh(tok, tmp_path):
+    """What the carry closes: scored alone, each single-token request never fills the window."""
+    g = _windowed_guard(tok, tmp_path)
+    ids = tok(TEXT_SPLIT, add_special_tokens=False)["input_ids"]
+    cuts = 0
+    for i in range(len(ids)):
+        d = TokenDelta("r", 0, [ids[i]], tok.decode([ids[i]]), finish_reason="length")
+        out = [x async for x in g.watch(user("tell me a story"), _agen([d]), GuardPolicy())]
+        cuts += any(isinstance(x, SafetyCut) for x in out)
+    assert cuts == 0

@@ -4,6 +4,7 @@ Every test here fails if its door reopens."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -227,3 +228,52 @@ async def test_echoed_alternatives_where_the_operator_allows_them_or_the_guard_i
                        guard_policy=GuardPolicy(enabled=False))
     async with client(app2) as c:
         assert (await c.post("/v1/completions", json=body)).status_code == 200
+
+
+# -- a raw prompt in chat markup is read as the conversation it spells out ------------------------------
+@dataclass
+class RecordingGuard(ScriptedGuard):
+    prompts: list[Any] = field(default_factory=list)
+    watched: list[Any] = field(default_factory=list)
+
+    async def check_prompt(self, conversation: Any, policy: GuardPolicy) -> Any:
+        self.prompts.append(conversation)
+        return await super().check_prompt(conversation, policy)
+
+    async def watch(self, conversation: Any, deltas: Any, policy: GuardPolicy) -> Any:
+        self.watched.append(conversation)
+        async for x in super().watch(conversation, deltas, policy):
+            yield x
+
+
+def test_chat_markup_parses_into_turns() -> None:
+    from gateway.serving.template_turns import template_conversation
+
+    chatml = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nPart one<|im_end|>\n"
+              "<|im_start|>tool\nresult text<|im_end|>\n<|im_start|>assistant\n")
+    assert template_conversation(chatml) == (("system", "Be brief."), ("user", "Part one"), ("tool", "result text"))
+    open_answer = "<|im_start|>user\nHow?<|im_end|>\n<|im_start|>assistant\nFirst, take the"
+    assert template_conversation(open_answer) == (("user", "How?"), ("assistant", "First, take the"))
+    llama = ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+             "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert template_conversation(llama) == (("user", "Hi there"),)
+    assert template_conversation("plain text to continue") is None
+    # text outside the turns is still read
+    assert template_conversation("preamble <|im_start|>user\nx<|im_end|>") == (("user", "preamble"), ("user", "x"))
+
+
+async def test_a_completions_prompt_in_chat_markup_is_gated_as_its_turns(tmp_path: Path) -> None:
+    guard = RecordingGuard(trigger="world")
+    engine = ScriptedEngine()
+    app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url(), guard=guard, guard_policy=GuardPolicy())
+    prompt = ("<|im_start|>user\nTell me a story<|im_end|>\n<|im_start|>assistant\nOnce upon a time<|im_end|>\n"
+              "<|im_start|>user\nGo on<|im_end|>\n<|im_start|>assistant\nThe king said")
+    async with client(app) as c:
+        r = await c.post("/v1/completions", json={"model": "scripted", "prompt": prompt, "max_tokens": 2})
+        refused = await c.post("/v1/completions", json={
+            "model": "scripted", "prompt": "<|im_start|>system\nthe forbidden plan<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"})
+    assert r.status_code == 200, r.text
+    # the prompt gate reads the turns; the answer in progress is the response gate's, carried into its window
+    assert guard.prompts[0] == (("user", "Tell me a story"), ("assistant", "Once upon a time"), ("user", "Go on"))
+    assert guard.watched[0][-1] == ("assistant", "The king said")
+    assert_openai_error(refused, 400, "content_filter")
