@@ -542,7 +542,10 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
         shutil.rmtree(out / "monitors")
     if (out / "sae").exists():
         shutil.rmtree(out / "sae")
-    shutil.copytree(out / "candidates" / f"sae-L{chosen}", out / "sae", ignore=shutil.ignore_patterns("train.json"))
+    if (out / "candidates" / f"sae-L{chosen}").is_dir():
+        shutil.copytree(out / "candidates" / f"sae-L{chosen}", out / "sae", ignore=shutil.ignore_patterns("train.json"))
+    else:                                   # a pretrained SAE (sae_source) has no trained candidate folder
+        save_sae(sae, out / "sae")
     base_td: dict[str, TokenData] = {}
     for name in cfg.monitored:
         stage = f"monitor_{name}"
