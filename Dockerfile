@@ -1,8 +1,16 @@
 # nextguard gateway image. CPU by default; GPU (CUDA vLLM) with --build-arg DEVICE=gpu and run with
 # `--gpus all` (the NVIDIA container toolkit supplies the driver; CUDA libraries come with the wheels).
+# PYTHON_IMAGE: any Debian bookworm image with python3.11 (+ venv and headers); the public one by default.
+# The compose test builds its own from Debian's packages (scripts/docker_images.sh) where no registry is reachable.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE}
 ARG DEVICE=cpu
+# Package indexes for the build, so the image installs what `scripts/install.sh` installs on the build
+# machine (pip reads these variables; unset, it uses PyPI). Build args only: they are not kept in the image.
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+ARG PIP_TRUSTED_HOST
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     NEXTGUARD_HOME=/var/lib/nextguard \
@@ -18,9 +26,11 @@ RUN apt-get update && apt-get install -y --no-install-recommends gcc g++ libtcma
     && useradd --system --uid 10001 --gid nextguard --home-dir /var/lib/nextguard --no-create-home nextguard
 WORKDIR /app
 # Dependencies first (cached layer): the project metadata and the installer only.
-COPY pyproject.toml README.md ./
+# README.md is only the package's long description: an empty one here keeps a docs edit from reinstalling
+# every dependency (the real one arrives with the sources below).
+COPY pyproject.toml ./
 COPY scripts/install.sh scripts/install.sh
-RUN mkdir -p gateway guard inference offline_suites && touch gateway/__init__.py guard/__init__.py \
+RUN mkdir -p gateway guard inference offline_suites && touch README.md gateway/__init__.py guard/__init__.py \
     inference/__init__.py offline_suites/__init__.py && scripts/install.sh guard suites
 COPY . .
 RUN .venv/bin/pip install --no-deps -e . \

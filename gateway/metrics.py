@@ -81,6 +81,22 @@ ADMISSION_SHARED = Gauge(
 )
 DRAINING = Gauge("gateway_draining", "1 after SIGTERM while in-flight streams finish", multiprocess_mode="livemax")
 
+# Every label value the gateway can emit, at zero from the start: a panel over a rate of sheds, failures or
+# aborts then shows 0 instead of "no data" until the first one happens, and an alert on it has a series.
+for _code, _reason in (("429", "tenant_in_flight"), ("429", "tenant_rate"), ("503", "queue_full"),
+                       ("503", "queue_timeout"), ("503", "draining")):
+    SHED.labels(_code, _reason)
+for _policy in ("fail_closed", "fail_open"):
+    GUARD_FAILURES.labels(_policy)
+for _gate in ("prompt", "response"):
+    GUARD_BUSY.labels(_gate)
+for _reason in ("guard_cut", "client_disconnect"):
+    UPSTREAM_ABORTS.labels(_reason)
+for _route in ("chat", "completions"):
+    DISCONNECTS.labels(_route)
+for _stage in ("first_token_timeout", "idle_timeout", "request_timeout"):
+    ERRORS.labels(_stage)
+
 _engine_running_source: Callable[[], float] | None = None
 
 # Per-request collector: the ops layer (audit log) sets a list here for the request and reads the

@@ -11,6 +11,25 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
     || echo "could not install chromium; the playground browser test will skip"
 fi
+# The compose test (tests/ops/test_compose_docker.py, marker `compose`) builds the image and runs
+# docker-compose.yml: it needs a Docker daemon, docker-compose and debootstrap (the base images are made from
+# Debian's packages where no registry answers). As root, install Debian's packages and start a daemon; where
+# that cannot be done the test skips and says why. NEXTGUARD_NO_DOCKER=1 leaves Docker alone.
+if [ -z "${NEXTGUARD_NO_DOCKER:-}" ] && [ "$(id -u)" = 0 ]; then
+  DOCKER_DEBS=""
+  command -v dockerd >/dev/null 2>&1 || DOCKER_DEBS="docker.io"
+  command -v docker-compose >/dev/null 2>&1 || DOCKER_DEBS="$DOCKER_DEBS docker-compose"
+  command -v debootstrap >/dev/null 2>&1 || DOCKER_DEBS="$DOCKER_DEBS debootstrap"
+  if [ -n "$DOCKER_DEBS" ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $DOCKER_DEBS >/dev/null) \
+      || echo "could not install $DOCKER_DEBS; the compose test will skip"
+  fi
+  if command -v dockerd >/dev/null 2>&1 && ! docker info >/dev/null 2>&1; then
+    setsid dockerd >/var/log/nextguard-dockerd.log 2>&1 < /dev/null &
+    for _ in $(seq 30); do docker info >/dev/null 2>&1 && break; sleep 1; done
+    docker info >/dev/null 2>&1 || echo "dockerd did not start (/var/log/nextguard-dockerd.log); the compose test will skip"
+  fi
+fi
 # Tests talk to a real Redis at 127.0.0.1:6379; start a private one if nothing answers there.
 .venv/bin/python - <<'PY'
 from pathlib import Path

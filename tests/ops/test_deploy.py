@@ -115,3 +115,13 @@ def test_dashboard_loads_and_queries_only_real_metrics() -> None:
     assert wanted <= used, wanted - used
     prov = yaml.safe_load((ROOT / "deploy/grafana/provisioning/dashboards/nextguard.yml").read_text())
     assert prov["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+
+
+def test_compose_file_names_the_public_images_by_default() -> None:
+    """The local stand-ins are opt-in: without the variables compose pulls the public images."""
+    text = COMPOSE.read_text()
+    for var, public in (("NEXTGUARD_REDIS_IMAGE", "redis:7-alpine"), ("NEXTGUARD_NGINX_IMAGE", "nginx:1.27-alpine"),
+                        ("NEXTGUARD_PROMETHEUS_IMAGE", "prom/prometheus:v3.1.0"),
+                        ("NEXTGUARD_PYTHON_IMAGE", "python:3.11-slim-bookworm")):
+        assert re.search(r"\$\{" + var + ":-" + re.escape(public) + r"\}", text), var
+    assert "ARG PYTHON_IMAGE=python:3.11-slim-bookworm" in (ROOT / "Dockerfile").read_text()
