@@ -241,11 +241,12 @@ def test_keys_are_required(deployment: Compose, acme: dict[str, Any]) -> None:
 def test_guarded_streams(deployment: Compose, acme: dict[str, Any]) -> None:
     status, text, finish, last = _stream(deployment.lb, acme["headers"], BENIGN)
     assert status == 200 and finish in ("stop", "length") and text.strip(), (status, text, finish, last)
-    assert "safety" not in last["choices"][0], last
+    assert not last["choices"][0].get("safety"), last
     status, text, finish, last = _stream(deployment.lb, acme["headers"], HARMFUL)
     if status == 200:       # the answer was cut mid-stream
         assert finish == "content_filter", (text, finish, last)
-        assert last["choices"][0]["safety"]["score"] > last["choices"][0]["safety"]["threshold"], last
+        safety = last["choices"][0]["safety"]
+        assert safety["decision"] == "intervened" and safety["score"] > safety["threshold"], last
     else:                   # the prompt gate refused it before any token
         assert status == 400 and last["error"]["code"] == "content_filter", (status, last)
 
