@@ -124,12 +124,14 @@ class GateFit:
 
 
 def fit_gate(gate: str, td_sel: TokenData, sel: list[Sample], td_cal: TokenData, cal: list[Sample],
-             hc: HeadConfig, budget: float, cfg: BuildConfig, categories: bool = True) -> GateFit:
-    """Overall read-out (select split), its threshold at the budget (calib split), per-category read-outs."""
+             hc: HeadConfig, budget: float, cfg: BuildConfig, categories: bool = True, head: Head | None = None) -> GateFit:
+    """Overall read-out (select split; ``head`` when already fitted), its threshold at the budget (calib
+    split), per-category read-outs."""
     y = labels(sel)
     benign = [i for i, s in enumerate(sel) if is_benign_traffic(s)]
     groups = [s.source for s in sel]
-    head = fit_head(td_sel, y, hc, benign_tokens=td_sel.subset(benign) if benign else None, sample_groups=groups)
+    if head is None:
+        head = fit_head(td_sel, y, hc, benign_tokens=td_sel.subset(benign) if benign else None, sample_groups=groups)
     pooling = hc.pooling()
     sc = head_sample_scores(td_cal, head, pooling)
     ycal = labels(cal)
@@ -140,12 +142,18 @@ def fit_gate(gate: str, td_sel: TokenData, sel: list[Sample], td_cal: TokenData,
     op["budget"] = budget
     cats: dict[str, Head] = {}
     cat_thr: dict[str, float] = {}
+    safe = [i for i, s in enumerate(sel) if not s.label]
+    crng = np.random.default_rng(cfg.seed)
     for cat in sorted({s.category for s in sel if s.label and s.category}) if categories else ():
         pos = [i for i, s in enumerate(sel) if s.label and s.category == cat]
         if len(pos) < cfg.min_category_samples:
             continue
-        idx = pos + [i for i, s in enumerate(sel) if not s.label]
-        h = fit_head(td_sel.subset(idx), labels([sel[i] for i in idx]), replace(hc, steps=max(hc.steps // 2, 1)),
+        # A category read-out only names a cut the overall read-out made: against a sample of the safe
+        # samples (four per positive, at least 600), which keeps its fit to seconds on long answers.
+        n_safe = min(len(safe), max(600, 4 * len(pos)))
+        idx = pos + sorted(crng.choice(safe, n_safe, replace=False).tolist())
+        h = fit_head(td_sel.subset(idx), labels([sel[i] for i in idx]),
+                     replace(hc, steps=max(hc.steps // 2, 1), refit_steps=max(hc.refit_steps // 2, 1)),
                      sample_groups=[groups[i] for i in idx], category=cat, max_latents=cfg.category_latents)
         cidx = [i for i, s in enumerate(cal) if (s.label and s.category == cat) or not s.label]
         yc = labels([cal[i] for i in cidx])
@@ -198,7 +206,8 @@ def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_c
             # the category read-outs (which only name a cut) for the chosen variant alone
             hc = replace(cfg.head, window=best.spec.pooling.window, min_count=best.spec.pooling.min_count,
                          l1=float(best.spec.overall.info["l1"]))
-            best = fit_gate(gate, td_sel[gate], sel[gate], td_cal[gate], cal[gate], hc, budget, cfg)
+            best = fit_gate(gate, td_sel[gate], sel[gate], td_cal[gate], cal[gate], hc, budget, cfg,
+                            head=best.spec.overall)
         fits[gate] = best
         ref = reference_gate(td_sel[gate], sel[gate], td_cal[gate], cal[gate], budget, cfg.head.max_density)
         report[gate] = {"chosen": best.calib, "variants": tried, "reference_rule": ref.calib}
