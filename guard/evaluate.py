@@ -266,7 +266,7 @@ def profanity_baseline(test: Sequence[Sample], calib: Sequence[Sample], budgets:
 
 def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = None,
              monitored: Sequence[str] | None = None, limit: int | None = None, posthoc_stream_n: int = 40,
-             threads: int = 2) -> dict[str, Any]:
+             threads: int = 2, posthoc_n: int | None = 300) -> dict[str, Any]:
     import torch
 
     from guard.recipe.pipeline import is_benign_traffic
@@ -324,8 +324,12 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
             del model
     if lora_model is not None:
         t = time.time()
+        # the verdict runs the whole network over the whole text: a stratified sample keeps it to minutes
+        ph_test, ph_cal = _stratified(test, posthoc_n, 1), _stratified(calib, posthoc_n, 2)
         rep["baselines"]["posthoc_verdict"] = posthoc_baseline(
-            lora_model, lora_tok, test, calib, budgets, prov["config"]["safeguard"]["max_len"], posthoc_stream_n, is_benign_traffic)
+            lora_model, lora_tok, ph_test, ph_cal, budgets, prov["config"]["safeguard"]["max_len"], posthoc_stream_n,
+            is_benign_traffic)
+        rep["baselines"]["posthoc_verdict"]["n"] = {"test": len(ph_test), "calib": len(ph_cal)}
         rep["baselines"]["posthoc_verdict"]["seconds"] = time.time() - t
     rep["baselines"]["profanity"] = profanity_baseline(test, calib, budgets, is_benign_traffic)
     rep["summary"] = {f"nextguard-{n}": _headline(r) for n, r in rep["monitors"].items()}
@@ -333,6 +337,18 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
     (outp / "report.json").write_text(json.dumps(rep, indent=1, default=str))
     _plots(outp, traces)
     return rep
+
+
+def _stratified(samples: list[Sample], n: int | None, seed: int) -> list[Sample]:
+    """At most ``n`` samples per (gate, evaluation group), drawn at random; all of them when ``n`` is None."""
+    if n is None:
+        return samples
+    rng = np.random.default_rng(seed)
+    keep: list[int] = []
+    for kind in sorted({(s.gate, _kind(s)) for s in samples}):
+        idx = [i for i, s in enumerate(samples) if (s.gate, _kind(s)) == kind]
+        keep += [idx[i] for i in sorted(rng.choice(len(idx), min(n, len(idx)), replace=False))]
+    return [samples[i] for i in sorted(keep)]
 
 
 def _headline(r: dict[str, Any]) -> dict[str, Any]:
@@ -423,7 +439,8 @@ def dilution_numbers(refused: dict[str, list[bool]]) -> dict[str, Any]:
 
 def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path | None = None,
                     base_model: str | None = None, layers: Sequence[int] | None = None, posthoc: bool = True,
-                    loso_families: Sequence[str] | None = None, threads: int = 2) -> dict[str, Any]:
+                    loso_families: Sequence[str] | None = None, threads: int = 2,
+                    posthoc_n: int | None = 300) -> dict[str, Any]:
     """The ladder per candidate layer, leave-one-source-out at the served layer, and every rung on the
     fresh prompt sets. Reads the build's residual cache from ``work_dir`` (the build's own, by default)
     and builds it where it is missing."""
@@ -499,12 +516,17 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
     memo: dict[str, float] = {}
     max_len = int(prov["config"]["safeguard"]["max_len"])
 
+    # the verdict runs the whole network over the whole text: scored on a stratified sample of each split
+    # (the rung's numbers are over that sample; other samples are NaN and left out)
+    ph_keys = {s.key() for s in _stratified(parts["calib"], posthoc_n, 2) + _stratified(parts["test"], posthoc_n, 1)}
+    ph_keys |= {s.key() for ss in extra.values() for s in ss}
+
     def posthoc_scores(ss: list[Sample]) -> np.ndarray:
-        todo = [s for s in ss if s.key() not in memo]
+        todo = [s for s in ss if s.key() not in memo and s.key() in ph_keys]
         if todo:
             for s, v in zip(todo, verdict_scores(model, tok, todo, max_len), strict=True):
                 memo[s.key()] = float(v)
-        return np.array([memo[s.key()] for s in ss])
+        return np.array([memo.get(s.key(), np.nan) for s in ss])
 
     kw_fn = None
     try:

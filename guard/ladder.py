@@ -141,13 +141,16 @@ def fit_probe(X: np.ndarray, y: np.ndarray, Xc: np.ndarray, yc: np.ndarray, seed
 
 def rung_numbers(cal_scores: np.ndarray, cal_benign: np.ndarray, tst_scores: np.ndarray, tst: Sequence[Sample],
                  tst_benign: np.ndarray, budget: float) -> dict[str, Any]:
-    """Threshold at the budget on the calibration split's benign traffic; AP and recall on the test split."""
-    thr = C.threshold_at_budget(np.asarray(cal_scores)[cal_benign], budget)
-    y = np.array([s.label for s in tst], dtype=int)
-    op = C.operating_point(np.asarray(tst_scores), y, thr, tst_benign)
-    return {"average_precision": C.average_precision(np.asarray(tst_scores), y), "recall_at_budget": op["recall"],
+    """Threshold at the budget on the calibration split's benign traffic; AP and recall on the test split.
+    Samples a rung did not score (NaN) are left out on both sides."""
+    cal_scores, tst_scores = np.asarray(cal_scores, dtype=float), np.asarray(tst_scores, dtype=float)
+    cm, tm = np.isfinite(cal_scores), np.isfinite(tst_scores)
+    thr = C.threshold_at_budget(cal_scores[cal_benign & cm], budget)
+    y = np.array([s.label for s in tst], dtype=int)[tm]
+    op = C.operating_point(tst_scores[tm], y, thr, np.asarray(tst_benign)[tm])
+    return {"average_precision": C.average_precision(tst_scores[tm], y), "recall_at_budget": op["recall"],
             "benign_traffic_flagged": op["flagged_benign_traffic"], "flagged_safe": op["flagged_safe"],
-            "f1": op["f1"], "threshold": thr}
+            "f1": op["f1"], "threshold": thr, "n_test": int(tm.sum())}
 
 
 def flagged(scores: np.ndarray, thr: float) -> float:

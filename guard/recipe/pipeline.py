@@ -522,12 +522,19 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
 
     # 6. layer choice: the default read-out on each layer, compared on the calibration split
     prog.start("layer_choice")
-    layer_report: dict[str, Any] = {}
+    fit_key = _hash([sae_key, asdict(cfg.head), cfg.head_grid, cfg.budget_prompt, cfg.budget_response,
+                     cfg.category_latents, cfg.min_category_samples, data_info["select"]["sha256"],
+                     data_info["calib"]["sha256"]])
+    lc_file = work / f"layer_choice-{fit_key}.json"
+    layer_report: dict[str, Any] = json.loads(lc_file.read_text()) if lc_file.is_file() else {}
     for li, layer in enumerate(layers if len(layers) > 1 else ()):
+        if str(layer) in layer_report:
+            continue
         fits, rep = fit_monitor({g: enc["select"][g][layer] for g in GATES}, by_sel,
                                 {g: enc["calib"][g][layer] for g in GATES}, by_cal, cfg, grid=False)
         layer_report[str(layer)] = {g: {"recall": fits[g].calib["recall"], "average_precision": fits[g].calib["average_precision"],
                                         "flagged_benign_traffic": fits[g].calib["flagged_benign_traffic"]} for g in GATES}
+        lc_file.write_text(json.dumps(layer_report))
         prog.update("layer_choice", (li + 1) / len(layers))
     chosen = max(layers, key=lambda L: (np.mean([layer_report[str(L)][g]["average_precision"] for g in GATES]),
                                         np.mean([layer_report[str(L)][g]["recall"] for g in GATES]))
@@ -538,14 +545,25 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     # 7. the monitors at the chosen layer
     monitors: dict[str, Any] = {}
     sae = saes[chosen]
-    if (out / "monitors").exists():          # a previous build's monitors must not outlive it
-        shutil.rmtree(out / "monitors")
+    # a monitor already fitted by this build's inputs (an interrupted build, resumed) is kept; any other goes
+    for m_dir in sorted((out / "monitors").glob("*")) if (out / "monitors").exists() else []:
+        rec = json.loads((m_dir / "build.json").read_text()) if (m_dir / "build.json").is_file() else {}
+        if rec.get("key") != _hash([fit_key, m_dir.name, chosen]) or m_dir.name not in cfg.monitored:
+            shutil.rmtree(m_dir)
     if (out / "sae").exists():
         shutil.rmtree(out / "sae")
-    shutil.copytree(out / "candidates" / f"sae-L{chosen}", out / "sae", ignore=shutil.ignore_patterns("train.json"))
+    if (out / "candidates" / f"sae-L{chosen}").is_dir():
+        shutil.copytree(out / "candidates" / f"sae-L{chosen}", out / "sae", ignore=shutil.ignore_patterns("train.json"))
+    else:                                   # a pretrained SAE (sae_source) has no trained candidate folder
+        save_sae(sae, out / "sae")
     base_td: dict[str, TokenData] = {}
     for name in cfg.monitored:
         stage = f"monitor_{name}"
+        m_rec = out / "monitors" / name / "build.json"
+        if m_rec.is_file() and json.loads(m_rec.read_text()).get("key") == _hash([fit_key, name, chosen]):
+            monitors[name] = json.loads(m_rec.read_text())["report"]
+            log.info("monitor %s: reusing %s", name, m_rec.parent)
+            continue
         if name == "lora" or "lora" not in cfg.monitored:
             tsel = {g: enc["select"][g][chosen] for g in GATES}
             tcal = {g: enc["calib"][g][chosen] for g in GATES}
@@ -573,12 +591,16 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
         spec = MonitorSpec.from_gates({g: fits[g].spec for g in GATES}, sae, name, {"monitored": name, "layer": chosen},
                                       {g: fits[f"reference/{g}"].spec for g in GATES})
         spec.save(out / "monitors" / name)
+        m_rec.write_text(json.dumps({"key": _hash([fit_key, name, chosen]), "report": rep}, default=str))
         monitors[name] = rep
         timings[stage] = prog.finish(stage)
         write_manifest(out, base_id, "lora" if "lora" in cfg.monitored else None, chosen,
                        [m for m in cfg.monitored if (out / "monitors" / m).is_dir()], dtype)
         _commit([out / "monitors", out / "sae", out / "manifest.json"],
                 f"guard build: {name} monitor at layer {chosen} (read-outs and calibration)", commit_stages)
+
+    write_manifest(out, base_id, "lora" if "lora" in cfg.monitored else None, chosen,
+                   [m for m in cfg.monitored if (out / "monitors" / m).is_dir()], dtype)
 
     # 8. the safeguard's own post-hoc verdict on a sample of each split (the ladder's top rung)
     prog.start("posthoc")

@@ -30,7 +30,10 @@ def test_complete_small_and_in_the_served_format() -> None:
     for f in ("data.jsonl.gz", "provenance.json", "sae/cfg.json", "lora/adapter_config.json"):
         assert (ART / f).is_file(), f
     total = sum(p.stat().st_size for p in ART.rglob("*") if p.is_file())
-    assert total < 40 * 2**20, f"artifacts are {total / 2**20:.1f} MiB"
+    # the LoRA (~19 MiB), the published data (~3 MiB) and one bf16 SAE (~10 MiB) per candidate layer plus the
+    # served copy: what a build on another machine needs to continue without retraining
+    n_sae = 1 + len(list((ART / "candidates").glob("sae-L*")))
+    assert total < (24 + 11 * n_sae) * 2**20, f"artifacts are {total / 2**20:.1f} MiB"
 
 
 @pytest.mark.parametrize("name", ["lora", "base"])
@@ -59,19 +62,22 @@ def test_monitor_is_sparse_and_calibrated_under_the_budget(name: str) -> None:
 
 
 def test_recorded_sae_quality() -> None:
-    """The committed SAE was trained on one pass of its recorded text (every training sample a distinct
-    token), is 8x wide, and reconstructs held-out text far better than an untrained SAE (which explains
-    nothing). The committed CPU build is small (guard/README.md says by how much it falls short of the
-    recipe's targets); these bounds pin it so a rebuild cannot silently get worse."""
+    """Every candidate SAE was trained on 3 M token passes of the residual cache, is 8x wide, and on
+    held-out text (the test split) has at most 5 % dead latents and explains at least 84 % of the variance.
+    The recipe aims at 85 %; the committed layer-14 SAE measures 84.5 % (guard/README.md), so the bound pins
+    what was reached: a rebuild cannot silently get worse."""
     prov = _prov()
     sae, layer = prov["sae"], str(prov["layer"])
-    assert sae["train_samples"] <= sae["chunk_tokens"] and sae["train_samples"] >= 0.9 * prov["config"]["sae"]["tokens"]
     assert prov["config"]["sae"]["width"] >= 8 * D_MODEL
-    held = sae["heldout_test_split"][layer]
-    assert held["variance_explained"] >= 0.65 and held["dead_fraction"] < 0.8
     k = prov["config"]["sae"]["k"]
-    assert abs(held["l0"] - k) < 0.35 * k
-    assert str(prov["layer"]) in sae["per_layer"]
+    assert layer in sae["per_layer"]
+    for L, rec in sae["per_layer"].items():
+        # whole batches of the configured 3 M token passes (1,464 x 2,048)
+        assert rec["token_passes"] > prov["config"]["sae"]["token_passes"] - prov["config"]["sae"]["batch"] >= 2_990_000, L
+        held = rec["heldout_test_split"]
+        assert held["variance_explained"] >= 0.84, L
+        assert held["dead_fraction"] <= 0.05, L
+        assert abs(held["l0"] - k) < 0.25 * k, L
 
 
 def test_safeguard_was_trained_to_a_validation_stop() -> None:
@@ -84,24 +90,32 @@ def test_safeguard_was_trained_to_a_validation_stop() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_sae_metrics_reproduce_on_held_out_text() -> None:
-    """Variance explained and L0 re-measured on the held-out test split (never in the SAE's training text,
-    selection or calibration) with the build's own code reproduce the recorded numbers."""
+def test_sae_metrics_reproduce_on_held_out_text(tmp_path: Path) -> None:
+    """Variance explained and L0 re-measured on held-out text (test-split samples, never in the SAE's
+    training rows, selection or calibration) with the build's own code reproduce the recorded numbers."""
     import torch
 
-    from guard.bundle import load_model_for
+    from guard.bundle import load_model_for, read_manifest
     from guard.evaluate import load_build_data
-    from guard.recipe.pipeline import PRESETS, heldout_metrics
-    from guard.sae import load_sae
+    from guard.hardware import serving_dtype
+    from guard.recipe.cache import bits_to_float, build_cache
+    from guard.recipe.sae import training_rows
+    from guard.sae import load_sae, sae_metrics
 
     torch.set_num_threads(2)
     prov = _prov()
     layer = prov["layer"]
     model, tok = load_model_for(ART, "lora")[:2]
     test = load_build_data(ART)["test"]
-    m = heldout_metrics(model, tok, {layer: load_sae(ART / "sae")}, test, PRESETS[prov["preset"]])[str(layer)]
+    rng = np.random.default_rng(0)
+    sub = [test[i] for i in sorted(rng.choice(len(test), 300, replace=False))]
+    dtype = serving_dtype(read_manifest(ART)["dtype"])
+    cache = build_cache(model, tok, sub, [layer], tmp_path / "cache", model_id="test", max_tokens=prov["config"]["max_tokens"],
+                        dtype=dtype)
+    rows = training_rows(cache, layer, list(range(len(sub))), [s.response is not None for s in sub])
+    m = sae_metrics(load_sae(ART / "sae"), bits_to_float(np.asarray(cache.array(layer)[rows])))
     rec = prov["sae"]["heldout_test_split"][str(layer)]
-    # the committed SAE is stored in bf16, so allow a little drift from the fp32 numbers recorded at build time
-    assert abs(m["variance_explained"] - rec["variance_explained"]) < 0.02
+    # another sample of the same split, and the stored SAE is bf16: a little drift from the recorded numbers
+    assert abs(m["variance_explained"] - rec["variance_explained"]) < 0.03
     assert abs(m["l0"] - rec["l0"]) < 0.1 * rec["l0"]
-    assert m["variance_explained"] >= 0.65
+    assert m["variance_explained"] >= 0.84
