@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # Local stand-ins for the public images the compose file pulls, made from Debian's own packages, for machines
 # that reach Debian's mirror but no container registry. Usage: scripts/docker_images.sh
-#   nextguard-local/python:3.11-bookworm   debootstrap (minbase + python3.11, venv, headers) -> docker import;
-#                                          the Dockerfile's PYTHON_IMAGE build arg
+#   nextguard-local/debian:bookworm        debootstrap (minbase + python3.11, venv, headers) -> docker import
+#   nextguard-local/python:3.11-bookworm   that, trusting this machine's extra CA certificates; the
+#                                          Dockerfile's PYTHON_IMAGE build arg
 #   nextguard-local/redis, nextguard-local/nginx, nextguard-local/prometheus
 #                                          Debian's redis-server, nginx and prometheus on that base; compose
 #                                          takes them through NEXTGUARD_{REDIS,NGINX,PROMETHEUS}_IMAGE
 # Images already present are kept (delete one to rebuild it). Needs root, docker and debootstrap.
 set -euo pipefail
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+ROOTFS=nextguard-local/debian:bookworm
 BASE=nextguard-local/python:3.11-bookworm
 NICE=(nice -n 10)
 
 have() { docker image inspect "$1" >/dev/null 2>&1; }
 
-if ! have "$BASE"; then
+if ! have "$ROOTFS"; then
   root="$(mktemp -d)"
   trap 'rm -rf "$root"' EXIT
   "${NICE[@]}" debootstrap --variant=minbase \
@@ -26,9 +28,22 @@ if ! have "$BASE"; then
   echo "deb ${MIRROR/\/debian/\/debian-security} bookworm-security main" >> "$root/etc/apt/sources.list"
   printf 'APT::Install-Recommends "false";\n' > "$root/etc/apt/apt.conf.d/90nextguard-no-recommends"
   rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
-  tar -C "$root" -c . | docker import -c 'ENV LANG=C.UTF-8' -c 'CMD ["python3"]' - "$BASE" >/dev/null
+  tar -C "$root" -c . | docker import -c 'ENV LANG=C.UTF-8' -c 'CMD ["python3"]' - "$ROOTFS" >/dev/null
   rm -rf "$root"
   trap - EXIT
+  echo "built $ROOTFS"
+fi
+
+# The base trusts what this machine trusts: its extra CA certificates (an egress proxy's, say) join Debian's
+# bundle, which pip in the build reads through PIP_CERT as pip does here.
+if ! have "$BASE"; then
+  ctx="$(mktemp -d)"
+  mkdir "$ctx/ca"
+  cp /usr/local/share/ca-certificates/*.crt "$ctx/ca/" 2>/dev/null || true
+  printf 'FROM %s\nCOPY ca/ /usr/local/share/ca-certificates/\nRUN update-ca-certificates >/dev/null\n' "$ROOTFS" \
+    > "$ctx/Dockerfile"
+  DOCKER_BUILDKIT=0 docker build -q -t "$BASE" "$ctx" >/dev/null
+  rm -rf "$ctx"
   echo "built $BASE"
 fi
 

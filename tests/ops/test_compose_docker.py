@@ -75,7 +75,7 @@ def pip_sources() -> dict[str, list[str]]:
     for line in out.splitlines():
         key, _, value = line.partition("=")
         scope, _, name = key.partition(".")
-        if name in ("index-url", "extra-index-url", "find-links"):
+        if name in ("index-url", "extra-index-url", "find-links", "cert"):
             (env if scope == ":env:" else files)[name] = value.strip("'\"").split()
     return {**files, **env}
 
@@ -86,6 +86,9 @@ def serve_sources(sources: dict[str, list[str]], root: Path) -> tuple[subprocess
     args: dict[str, str] = {}
     for n, (name, values) in enumerate(sources.items()):
         urls = []
+        if name == "cert":     # the CA bundle's path: the local base keeps Debian's layout and this machine's CAs
+            args["PIP_CERT"] = values[0]
+            continue
         for i, v in enumerate(values):
             path = v.removeprefix("file://") if v.startswith("file://") or v.startswith("/") else None
             if path is None:
