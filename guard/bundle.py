@@ -67,7 +67,7 @@ class GateSpec:
         return {"overall": self.overall.to_dict(), "pooling": {"window": self.pooling.window, "min_count": self.pooling.min_count},
                 "threshold": self.threshold, "categories": {c: h.to_dict() for c, h in self.categories.items()},
                 "category_thresholds": self.category_thresholds, "calibration": self.calibration,
-                "benign_scores": [round(x, 6) for x in self.benign_scores]}
+                "benign_scores": [float(x) for x in self.benign_scores]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GateSpec:
