@@ -33,26 +33,26 @@ if TYPE_CHECKING:
 
 # The built-in suites, grouped by field; `nextguard suites list` shows them in this order.
 BUILTIN_MODULES: tuple[str, ...] = (
-    "offline_suites.powerlaw_cot",
-    "offline_suites.fp_equivariance",
-    "offline_suites.repsim",
-    "offline_suites.tableagent",
-    "offline_suites.cgm",
+    "offline_suites.papers.powerlaw_cot",
+    "offline_suites.papers.fp_equivariance",
+    "offline_suites.papers.repsim",
+    "offline_suites.papers.tableagent",
+    "offline_suites.papers.cgm",
     # time series and sensors
-    "offline_suites.kineflow",
-    "offline_suites.scale_cp",
-    "offline_suites.dicot",
-    "offline_suites.bicrossnet",
+    "offline_suites.papers.kineflow",
+    "offline_suites.papers.scale_cp",
+    "offline_suites.papers.dicot",
+    "offline_suites.papers.bicrossnet",
     # graphs, perturbations, learning theory, continual learning
-    "offline_suites.iterated_erm",
-    "offline_suites.parpic",
-    "offline_suites.weight_perturb",
-    "offline_suites.area_cil",
+    "offline_suites.papers.iterated_erm",
+    "offline_suites.papers.parpic",
+    "offline_suites.papers.weight_perturb",
+    "offline_suites.papers.area_cil",
     # images, OCR and pixel-based RL
-    "offline_suites.asasr",
-    "offline_suites.textatlas",
-    "offline_suites.return_critic",
-    "offline_suites.nextpixel_scaling",
+    "offline_suites.papers.asasr",
+    "offline_suites.papers.textatlas",
+    "offline_suites.papers.return_critic",
+    "offline_suites.papers.nextpixel_scaling",
 )
 
 _lock = threading.RLock()

@@ -287,7 +287,7 @@ def _tree_arm(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], lis
 
 # ------------------------------------------------------------------------------ Arm A (served)
 def load_capitals() -> list[tuple[str, str, str]]:
-    raw = resources.files("offline_suites").joinpath("data/capitals.json").read_text()
+    raw = resources.files("offline_suites.papers").joinpath("data/capitals.json").read_text()
     return [tuple(r) for r in json.loads(raw)["rows"]]   # type: ignore[misc]
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from offline_suites.base import Check, Claim, RunContext, SuiteResult, check_cmp, claim, set_threads
 from offline_suites.registry import register_suite
 
-GUARD_DATA = Path(__file__).resolve().parents[1] / "guard" / "artifacts" / "data.jsonl.gz"
+GUARD_DATA = Path(__file__).resolve().parents[2] / "guard" / "artifacts" / "data.jsonl.gz"
 TEXT_CLASSES = ("crime", "privacy", "violence", "hate", "self_harm", "misinformation", "harassment", "sexual")
 TEMPLATES = ("a request about {}", "a message involving {}", "text related to {}", "a question on the topic of {}")
 

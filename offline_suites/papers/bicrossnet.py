@@ -113,7 +113,7 @@ def synthetic(cfg: Config, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 
 def basic_motions(ctx: RunContext, length: int) -> dict[str, np.ndarray]:
-    from offline_suites.dicot import read_ts, ucr_path
+    from offline_suites.papers.dicot import read_ts, ucr_path
 
     xs, ys = [], []
     for split in ("TRAIN", "TEST"):

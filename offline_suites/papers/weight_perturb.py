@@ -34,7 +34,7 @@ import numpy as np
 from offline_suites.base import Check, Claim, RunContext, SuiteResult, check_cmp, claim, set_threads
 from offline_suites.registry import register_suite
 
-HEADS = Path(__file__).resolve().parents[1] / "guard" / "artifacts" / "monitors" / "lora" / "heads.json"
+HEADS = Path(__file__).resolve().parents[2] / "guard" / "artifacts" / "monitors" / "lora" / "heads.json"
 TRIGGER = (0, 1, 8, 9)   # top-left 2×2 pixels of the 8×8 digit
 
 
