@@ -155,7 +155,7 @@ def test_provenance_records_the_door_to_the_model(tmp_path: Path) -> None:
     def run(ctx: RunContext, config: _DoorCfg, seed: int) -> Any:
         assert ctx.llm.model_id == "m"
         ctx.model_path()
-        return ctx.result({}, {}, [Check("ok", "hard", True, True, 0, True)], uses_llm=True)
+        return ctx.result({}, {}, [Check("ok", "gate", True, True, 0, True)], uses_llm=True)
 
     try:
         from offline_suites.registry import get_suite
