@@ -409,10 +409,12 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
                             f"({shots}-shot, extractor pre-trained on synthetic gestures)",
                             b["bicrossnet_dual_gen"]["accuracy"] - b["bicrossnet_no_gen"]["accuracy"], ">", 0.0,
                             "accuracy difference; 80 recordings, 4 classes"))
-    claims.append(claim("extractor_fewer_params", "the pre-trained extractor has fewer parameters (paper: 27.8 % "
-                        "fewer than its comparison)", 1 - params["bicrossnet_extractor"] /
-                        params["single_stream_cnn_extractor"], ">", 0.0,
-                        "1 − params(BiCrossNet) / params(single-stream CNN of twice the per-stream width)"))
+    # the parameter saving is fixed by the two architectures this suite chose, not measured: reported as a
+    # sanity figure, not as the paper's 27.8 % claim
+    checks.append(check_cmp("extractor_fewer_params", "sanity", 1 - params["bicrossnet_extractor"] /
+                            params["single_stream_cnn_extractor"], ">", 0.0,
+                            "1 − params(BiCrossNet) / params(single-stream CNN of twice the per-stream width); "
+                            "set by the chosen widths"))
 
     import matplotlib
 

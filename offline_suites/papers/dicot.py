@@ -378,10 +378,11 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
                             "linear-probe accuracy difference"))
         claims.append(claim(f"{d}_dicot_at_least_ts2vec", "Di-COT's accuracy matches or beats TS2Vec",
                             m["dicot"]["accuracy"] - m["ts2vec"]["accuracy"], ">=", 0.0, "accuracy difference"))
-        claims.append(claim(f"{d}_dicot_trains_cheaper_than_ts2vec", "Di-COT needs less training time than TS2Vec "
-                            "(measured as training FLOPs)", m["ts2vec"]["train_flops"] /
-                            max(m["dicot"]["train_flops"], 1.0), ">", 1.0,
-                            "FLOP ratio TS2Vec / Di-COT at equal iterations and batch"))
+        claims.append(claim(f"{d}_dicot_trains_cheaper_than_ts2vec", "Di-COT trains about 2.5× cheaper than TS2Vec "
+                            "(the paper's training-time ratio, measured here as training FLOPs)",
+                            m["ts2vec"]["train_flops"] / max(m["dicot"]["train_flops"], 1.0), ">=", 2.5,
+                            "FLOP ratio TS2Vec / Di-COT at equal iterations and batch; 1 = no saving",
+                            no_effect=1.0))
 
     import matplotlib
 

@@ -408,9 +408,11 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     ratio = [r["estimate"] / r["lipschitz"] for r in inner]
     found_ratio = [r["found"] / r["lipschitz"] for r in inner]
     factor = float(np.median(ratio))
-    claims = [claim("exact_tighter_than_lipschitz", "the single-layer (back-propagated-margin) radius is larger than "
-                    "the Lipschitz certificate at inner layers", factor, ">", 1.0, "median radius ratio, layers 1–2"),
-              claim("exact_and_lipschitz_same_order", "the two are of the same order (ratio < 10)", factor, "<", 10.0,
+    # the Lipschitz certificate is a lower bound on the smallest flip, so a ratio ≥ 1 holds by construction:
+    # the paper's "tighter" is reported, not claimed
+    checks.append(check_cmp("exact_radius_at_least_lipschitz", "sanity", factor, ">=", 1.0,
+                            "median radius ratio, layers 1–2; ≥ 1 by the certificate's soundness"))
+    claims = [claim("exact_and_lipschitz_same_order", "the two are of the same order (ratio < 10)", factor, "<", 10.0,
                     "median radius ratio, layers 1–2")]
     ctx.progress(0.6, "low-rank backdoor")
     bc, bcl, bd = _backdoor(ctx, cfg, data, seed)
