@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -284,10 +285,18 @@ class _Trainer:
 
 
 # ------------------------------------------------------------------------------------------- run
-def _exact_checks(cfg: Config, rng: np.random.Generator) -> tuple[list[Check], dict[str, Any]]:
+def method_noise(cfg: Config) -> Callable[[np.random.Generator, int, int], np.ndarray]:
+    """The noise the method draws (n fields of side²): Sobolev-coloured for ASASR, white for its null.
+    The checks measure what this sampler returns; none of them knows which method it is."""
+    if cfg.null_method:
+        return lambda rng, n, side: rng.standard_normal((n, side, side))
+    return lambda rng, n, side: coloured_noise(rng, n, side, cfg.sobolev_s)
+
+
+def _exact_checks(cfg: Config, noise: Callable[[np.random.Generator, int, int], np.ndarray],
+                  rng: np.random.Generator) -> tuple[list[Check], dict[str, Any]]:
     side, s = cfg.spectrum_side, cfg.sobolev_s
-    coloured = not cfg.null_method
-    eps = coloured_noise(rng, 16, side, s) if coloured else rng.standard_normal((16, side, side))
+    eps = noise(rng, 16, side)
     slope = spectrum_slope(eps, k_lo=side // 16)
     g, v = rng.standard_normal((side, side)), rng.standard_normal((side, side))
     r = riesz_representer(g, s)
@@ -322,7 +331,7 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)
     cfg = config
     rng = np.random.default_rng(seed)
-    checks, exact = _exact_checks(cfg, rng)
+    checks, exact = _exact_checks(cfg, method_noise(cfg), rng)
     ctx.progress(0.05, "exact checks")
 
     (train_img, train_raw), (test_img, test_raw) = _grey_image("china.jpg"), _grey_image("flower.jpg")
