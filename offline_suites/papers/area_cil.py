@@ -443,22 +443,22 @@ def _run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
         sizes = np.array([np.isin(s.yte, np.flatnonzero(s.task_of == t)).sum() for t in range(int(s.task_of.max()) + 1)])
         summ = {m: summarise(a, sizes) for m, a in accs.items()}
         metrics[name] = {"summary": summ, "accuracy_matrix": accs, **routing}
-        # hard: what must hold of the method's own objects
+        # sanity: identities of the method's own objects (they hold for any anchors)
         mus = np.array(list(area.mu.values()))
-        checks.append(check_cmp(f"{name}_anchors_unit_norm", "gate", float(np.abs(np.linalg.norm(mus, axis=1) - 1).max()),
+        checks.append(check_cmp(f"{name}_anchors_unit_norm", "sanity", float(np.abs(np.linalg.norm(mus, axis=1) - 1).max()),
                                 "<=", 1e-12, "max |‖μ_c‖ − 1|"))
         ortho = max(float(np.abs(b.T @ b - np.eye(b.shape[1])).max()) for b in area.basis.values())
         tang = max(float(np.abs(area.basis[c].T @ area.mu[c]).max()) for c in area.basis)
-        checks.append(check_cmp(f"{name}_bases_orthonormal_tangent", "gate", max(ortho, tang), "<=", 1e-10,
+        checks.append(check_cmp(f"{name}_bases_orthonormal_tangent", "sanity", max(ortho, tang), "<=", 1e-10,
                                 "max |BᵀB − I|, |Bᵀμ| over classes"))
         c0 = 0
         x0 = s.xtr[s.ytr == c0]
-        checks.append(check_cmp(f"{name}_exp_log_identity", "gate",
+        checks.append(check_cmp(f"{name}_exp_log_identity", "sanity",
                                 float(np.abs(exp_map(area.mu[c0], log_map(area.mu[c0], x0)) - x0).max()), "<=", 1e-9))
         last_task = int(s.task_of.max())
         _, plan, a, b = area.route(s.xte, last_task)
         dev = max(float(np.abs(plan.sum(1) - a).max() / a.max()), float(np.abs(plan.sum(0) - b).max() / b.max()))
-        checks.append(check_cmp(f"{name}_ot_marginals", "gate", dev, "<=", 1e-4,
+        checks.append(check_cmp(f"{name}_ot_marginals", "sanity", dev, "<=", 1e-4,
                                 "relative deviation of the routing plan's row and column sums from its marginals"))
         if s.planted is not None:
             angles = []
