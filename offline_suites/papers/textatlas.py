@@ -10,7 +10,7 @@ standard library's ``this.py``) at controlled corruption levels whose expected s
 corruption (word drop p → accuracy = kept/total; duplication → accuracy 1, F1 = 2P/(1+P)). The served LLM's
 own long-text rendering is scored the same way: it is asked for an SVG card of a passage, and the
 ``<text>`` elements of its answer (a restricted SVG subset: x, y, font-size, text content) are rasterised
-with PIL. ``null_method`` replaces the OCR read-back by the intended text (a reader that never looks at the
+with PIL. ``null_method`` replaces the OCR read-back by a reader that returns no text (it never looks at the
 image), so the corruption gates must fail.
 """
 
@@ -55,7 +55,7 @@ class Config:
     llm_max_tokens: int = 64         # an 8-word card is ~45 tokens of SVG; CPU decoding dominates SMOKE
     match_ratio: float = 80.0        # fuzzy word-match threshold (fuzzywuzzy ratio)
     drop_tolerance: float = 0.02     # |accuracy − kept/total|
-    null_method: bool = False        # the read-back returns the intended text instead of OCR
+    null_method: bool = False        # the read-back returns no text instead of OCR
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "run_seeds": (1, 20),
@@ -275,9 +275,10 @@ class Reader:
 
         self._memo: dict[bytes, str] = {}
 
-    def read(self, image: Any, intended: str) -> str:
+    def read(self, image: Any) -> str:
         if self.null:
-            return intended
+            # the null reader sees neither the image nor the text meant to be in it
+            return ""
         arr = np.asarray(image.convert("RGB"))
         key = arr.tobytes() + bytes(str(arr.shape), "ascii")   # the clean page recurs as drop 0 and blur 0
         if key not in self._memo:
@@ -301,7 +302,7 @@ def _llm_prompt(text: str) -> str:
 
 # ------------------------------------------------------------------------------------------- run
 @register_suite("textatlas", version=1, config=Config,
-                null_method="the OCR read-back is replaced by the intended text (a reader that never looks at the image)")
+                null_method="the OCR read-back is replaced by a reader that returns no text (it never looks at the image)")
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)
     cfg = config
@@ -325,7 +326,7 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
 
     def evaluate(name: str, shown: list[str], im: Any) -> dict[str, float]:
         images[name] = im
-        ocr = reader.read(im, gt)            # the null reader answers with the prompt's text
+        ocr = reader.read(im)
         out = score([(gt, ocr)], thr) | {"words_shown": len(shown)}
         out["ocr"] = ocr  # type: ignore[assignment]
         return out
@@ -353,7 +354,7 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     for n in cfg.length_words:
         ws = words_all[:n]
         im, px = fit_render(ws, cfg.length_canvas)
-        ocr = reader.read(im, " ".join(ws))
+        ocr = reader.read(im)
         images[f"length_{n}"] = im
         res["length"][str(n)] = score([(" ".join(ws), ocr)], thr) | {"font_px": px}
     ctx.progress(0.7, "fixed-canvas length study")
@@ -370,12 +371,12 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
         for n, t, rep in zip(cfg.llm_lengths, texts, replies, strict=True):
             im, n_el = rasterise_svg(rep.text)
             images[f"llm_{n}"] = im
-            ocr = reader.read(im, t)
+            ocr = reader.read(im)
             llm[str(n)] = score([(t, ocr)], thr) | {"text_elements": n_el, "finish_reason": rep.finish_reason,
                                                     "completion_tokens": rep.completion_tokens, "ocr": ocr,
                                                     "svg": rep.text[:4000]}
             # the same text rendered by the suite: what a faithful renderer scores under this OCR
-            llm[str(n)]["reference_render_acc"] = score([(t, reader.read(render(t.split(), 20), t))], thr)["acc"]
+            llm[str(n)]["reference_render_acc"] = score([(t, reader.read(render(t.split(), 20)))], thr)["acc"]
     ctx.progress(0.9, "served model's SVG renders")
 
     # --- gates on the pipeline's own output
@@ -456,7 +457,7 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
 
     metrics: dict[str, Any] = {"corruption": res, "kept_share": kept, "llm_svg": llm,
                                "ocr": "rapidocr 3.10 PP-OCRv6-small (ch+en) det/rec, no cls" if not cfg.null_method
-                               else "null reader (intended text)",
+                               else "null reader (no text)",
                                "unavailable": {"clip_score": "no CLIP weights offline", "fid": "no Inception weights offline"}}
     ctx.save_json("textatlas_metrics.json", metrics)
     reference = {"paper_gpt4o_cleantextsynth": {"acc": 60.69, "f1": 74.44, "cer": 0.36},
