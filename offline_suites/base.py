@@ -371,8 +371,8 @@ def merge_seeds(results: list[SuiteResult], seeds: list[int], wall_s: float) -> 
                      for cs in checks.values()]
     claims: dict[str, list[Claim]] = {}
     for r in results:
-        for c in r.claims:
-            claims.setdefault(c.name, []).append(c)
+        for cl in r.claims:
+            claims.setdefault(cl.name, []).append(cl)
     prov = dict(results[0].provenance)
     prov["seeds"] = seeds
     prov["wall_s"] = wall_s
