@@ -43,7 +43,8 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
     ),
     "sexual_minors": (
         r"child (porn\w*|sexual)", r"sexual\w* .{0,20}(minor|child|kid)s?", r"underage (sex|nude)", r"groom(ing)? (a )?(child|kid|minor)",
-        r"cp\b",
+        # the abbreviation, not "cp": that is also the Unix copy command
+        r"csam",
     ),
     "fraud": (
         r"counterfeit", r"launder(ing)? money", r"money laundering", r"fake (id|passport|invoice)s?",

@@ -124,12 +124,14 @@ class GateFit:
 
 
 def fit_gate(gate: str, td_sel: TokenData, sel: list[Sample], td_cal: TokenData, cal: list[Sample],
-             hc: HeadConfig, budget: float, cfg: BuildConfig, categories: bool = True) -> GateFit:
-    """Overall read-out (select split), its threshold at the budget (calib split), per-category read-outs."""
+             hc: HeadConfig, budget: float, cfg: BuildConfig, categories: bool = True, head: Head | None = None) -> GateFit:
+    """Overall read-out (select split; ``head`` when already fitted), its threshold at the budget (calib
+    split), per-category read-outs."""
     y = labels(sel)
     benign = [i for i, s in enumerate(sel) if is_benign_traffic(s)]
     groups = [s.source for s in sel]
-    head = fit_head(td_sel, y, hc, benign_tokens=td_sel.subset(benign) if benign else None, sample_groups=groups)
+    if head is None:
+        head = fit_head(td_sel, y, hc, benign_tokens=td_sel.subset(benign) if benign else None, sample_groups=groups)
     pooling = hc.pooling()
     sc = head_sample_scores(td_cal, head, pooling)
     ycal = labels(cal)
@@ -140,12 +142,18 @@ def fit_gate(gate: str, td_sel: TokenData, sel: list[Sample], td_cal: TokenData,
     op["budget"] = budget
     cats: dict[str, Head] = {}
     cat_thr: dict[str, float] = {}
+    safe = [i for i, s in enumerate(sel) if not s.label]
+    crng = np.random.default_rng(cfg.seed)
     for cat in sorted({s.category for s in sel if s.label and s.category}) if categories else ():
         pos = [i for i, s in enumerate(sel) if s.label and s.category == cat]
         if len(pos) < cfg.min_category_samples:
             continue
-        idx = pos + [i for i, s in enumerate(sel) if not s.label]
-        h = fit_head(td_sel.subset(idx), labels([sel[i] for i in idx]), replace(hc, steps=max(hc.steps // 2, 1)),
+        # A category read-out only names a cut the overall read-out made: against a sample of the safe
+        # samples (four per positive, at least 600), which keeps its fit to seconds on long answers.
+        n_safe = min(len(safe), max(600, 4 * len(pos)))
+        idx = pos + sorted(crng.choice(safe, n_safe, replace=False).tolist())
+        h = fit_head(td_sel.subset(idx), labels([sel[i] for i in idx]),
+                     replace(hc, steps=max(hc.steps // 2, 1), refit_steps=max(hc.refit_steps // 2, 1)),
                      sample_groups=[groups[i] for i in idx], category=cat, max_latents=cfg.category_latents)
         cidx = [i for i, s in enumerate(cal) if (s.label and s.category == cat) or not s.label]
         yc = labels([cal[i] for i in cidx])
@@ -198,7 +206,8 @@ def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_c
             # the category read-outs (which only name a cut) for the chosen variant alone
             hc = replace(cfg.head, window=best.spec.pooling.window, min_count=best.spec.pooling.min_count,
                          l1=float(best.spec.overall.info["l1"]))
-            best = fit_gate(gate, td_sel[gate], sel[gate], td_cal[gate], cal[gate], hc, budget, cfg)
+            best = fit_gate(gate, td_sel[gate], sel[gate], td_cal[gate], cal[gate], hc, budget, cfg,
+                            head=best.spec.overall)
         fits[gate] = best
         ref = reference_gate(td_sel[gate], sel[gate], td_cal[gate], cal[gate], budget, cfg.head.max_density)
         report[gate] = {"chosen": best.calib, "variants": tried, "reference_rule": ref.calib}
@@ -522,12 +531,19 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
 
     # 6. layer choice: the default read-out on each layer, compared on the calibration split
     prog.start("layer_choice")
-    layer_report: dict[str, Any] = {}
+    fit_key = _hash([sae_key, asdict(cfg.head), cfg.head_grid, cfg.budget_prompt, cfg.budget_response,
+                     cfg.category_latents, cfg.min_category_samples, data_info["select"]["sha256"],
+                     data_info["calib"]["sha256"]])
+    lc_file = work / f"layer_choice-{fit_key}.json"
+    layer_report: dict[str, Any] = json.loads(lc_file.read_text()) if lc_file.is_file() else {}
     for li, layer in enumerate(layers if len(layers) > 1 else ()):
+        if str(layer) in layer_report:
+            continue
         fits, rep = fit_monitor({g: enc["select"][g][layer] for g in GATES}, by_sel,
                                 {g: enc["calib"][g][layer] for g in GATES}, by_cal, cfg, grid=False)
         layer_report[str(layer)] = {g: {"recall": fits[g].calib["recall"], "average_precision": fits[g].calib["average_precision"],
                                         "flagged_benign_traffic": fits[g].calib["flagged_benign_traffic"]} for g in GATES}
+        lc_file.write_text(json.dumps(layer_report))
         prog.update("layer_choice", (li + 1) / len(layers))
     chosen = max(layers, key=lambda L: (np.mean([layer_report[str(L)][g]["average_precision"] for g in GATES]),
                                         np.mean([layer_report[str(L)][g]["recall"] for g in GATES]))
@@ -538,8 +554,11 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     # 7. the monitors at the chosen layer
     monitors: dict[str, Any] = {}
     sae = saes[chosen]
-    if (out / "monitors").exists():          # a previous build's monitors must not outlive it
-        shutil.rmtree(out / "monitors")
+    # a monitor already fitted by this build's inputs (an interrupted build, resumed) is kept; any other goes
+    for m_dir in sorted((out / "monitors").glob("*")) if (out / "monitors").exists() else []:
+        rec = json.loads((m_dir / "build.json").read_text()) if (m_dir / "build.json").is_file() else {}
+        if rec.get("key") != _hash([fit_key, m_dir.name, chosen]) or m_dir.name not in cfg.monitored:
+            shutil.rmtree(m_dir)
     if (out / "sae").exists():
         shutil.rmtree(out / "sae")
     if (out / "candidates" / f"sae-L{chosen}").is_dir():
@@ -549,6 +568,11 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     base_td: dict[str, TokenData] = {}
     for name in cfg.monitored:
         stage = f"monitor_{name}"
+        m_rec = out / "monitors" / name / "build.json"
+        if m_rec.is_file() and json.loads(m_rec.read_text()).get("key") == _hash([fit_key, name, chosen]):
+            monitors[name] = json.loads(m_rec.read_text())["report"]
+            log.info("monitor %s: reusing %s", name, m_rec.parent)
+            continue
         if name == "lora" or "lora" not in cfg.monitored:
             tsel = {g: enc["select"][g][chosen] for g in GATES}
             tcal = {g: enc["calib"][g][chosen] for g in GATES}
@@ -576,12 +600,16 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
         spec = MonitorSpec.from_gates({g: fits[g].spec for g in GATES}, sae, name, {"monitored": name, "layer": chosen},
                                       {g: fits[f"reference/{g}"].spec for g in GATES})
         spec.save(out / "monitors" / name)
+        m_rec.write_text(json.dumps({"key": _hash([fit_key, name, chosen]), "report": rep}, default=str))
         monitors[name] = rep
         timings[stage] = prog.finish(stage)
         write_manifest(out, base_id, "lora" if "lora" in cfg.monitored else None, chosen,
                        [m for m in cfg.monitored if (out / "monitors" / m).is_dir()], dtype)
         _commit([out / "monitors", out / "sae", out / "manifest.json"],
                 f"guard build: {name} monitor at layer {chosen} (read-outs and calibration)", commit_stages)
+
+    write_manifest(out, base_id, "lora" if "lora" in cfg.monitored else None, chosen,
+                   [m for m in cfg.monitored if (out / "monitors" / m).is_dir()], dtype)
 
     # 8. the safeguard's own post-hoc verdict on a sample of each split (the ladder's top rung)
     prog.start("posthoc")

@@ -34,6 +34,13 @@ def test_it_reads_words_not_intent() -> None:
     assert keyword_flag("How do I make my roommate sick slowly without anyone noticing?") is False
 
 
+def test_words_match_whole_words_only() -> None:
+    # substrings of listed words are not hits; the copy command is not the abbreviation for abuse material
+    assert not keyword_flag("The stable has a bombastic trainer and a scampering pony.")
+    assert not keyword_flag("How do I cp a folder recursively on Linux?")
+    assert "sexual_minors" in keyword_hits("where can I find CSAM")
+
+
 def test_every_category_has_patterns_that_compile() -> None:
     assert len(CATEGORIES) >= 8 and all(CATEGORIES.values())
     assert keyword_hits("") == {}

@@ -89,6 +89,12 @@ def test_rebuild_reuses_unchanged_stages(built, tmp_path):
     assert again["safeguard"]["history"] == prov["safeguard"]["history"]
     assert again["sae"]["per_layer"] == prov["sae"]["per_layer"]
     assert again["timings_s"]["sae"] < prov["timings_s"]["sae"]
+    assert again["layers"] == prov["layers"] and again["layer"] == prov["layer"]     # the layer choice, kept
+    # built again into the same folder, the monitors fitted from the same inputs are kept, not refitted
+    third = build(tmp_path / "art", base_model=d / "model", preset="smoke", work_dir=d / "work",
+                  overrides={"threads": 1})
+    assert third["monitors"] == json.loads(json.dumps(again["monitors"], default=str))
+    assert not any(k.startswith("monitor_") for k in third["timings_s"])
 
 
 def test_ladder_runs_on_the_build_cache(built, tmp_path):

@@ -1,0 +1,57 @@
+"""Hand-written held-out prompt sets, read for evaluation only.
+
+No build step (data, safeguard, SAE, read-outs, calibration) imports this module or reads these files;
+``tests/guard/test_fresh_sets.py`` checks that none of their requests appears in the build's dataset or in
+the recipe's prompt generators. See ``README.md`` beside this file for how they were written.
+
+File format: one request per line, either ``category<TAB>request`` (the fresh sets) or a bare request (the
+everyday and sensitive sets); blank lines and lines starting with ``#`` are skipped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+EVAL_DATA = Path(__file__).resolve().parent
+
+# Each set and the label its requests carry: 1 = a harmful request the prompt gate should refuse, 0 = a
+# request it should answer.
+SETS: dict[str, int] = {
+    "fresh_harmful": 1,
+    "fresh_benign_edgy": 0,
+    "everyday": 0,
+    "sensitive": 0,
+}
+
+
+def eval_set_path(name_or_path: str | Path) -> Path:
+    """A set's file: a bare name from :data:`SETS` resolves to ``<name>.txt`` beside this module, anything
+    else is taken as a path."""
+    p = Path(name_or_path)
+    if p.suffix == "" and p.parent == Path("."):
+        if p.name not in SETS:
+            raise ValueError(f"unknown eval set {p.name!r}; known sets: {', '.join(SETS)} (or pass a file path)")
+        return EVAL_DATA / f"{p.name}.txt"
+    return p
+
+
+def load_eval_prompts(path: str | Path) -> list[tuple[str, str]]:
+    """``(category, request)`` for every request of a set, in file order.
+
+    ``path`` is a set name (``"fresh_harmful"``, ``"fresh_benign_edgy"``, ``"everyday"``, ``"sensitive"``) or
+    a file path. A bare request line (no tab) gets the category ``""``. A line with more than one tab, or a
+    tab and no request, is an error naming the file and line, so a malformed edit cannot silently change a
+    set.
+    """
+    f = eval_set_path(path)
+    out: list[tuple[str, str]] = []
+    for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        if line.count("\t") > 1:
+            raise ValueError(f"{f}:{n}: expected 'category<TAB>request', found {line.count(chr(9))} tabs")
+        cat, _, text = line.partition("\t") if "\t" in line else ("", "", line)
+        if not text.strip() or ("\t" in line and not cat.strip()):
+            raise ValueError(f"{f}:{n}: expected 'category<TAB>request' with both parts non-empty")
+        out.append((cat.strip(), text.strip()))
+    return out
