@@ -308,9 +308,9 @@ def _exact_checks(cfg: Config, noise: Callable[[np.random.Generator, int, int], 
         check_close("noise_spectrum_slope", "gate", -2 * s, slope, cfg.slope_tolerance,
                     f"log-log fit of the radially averaged power spectrum for |k| ≥ {side // 16}, {side}² grid"),
         check_close("noise_unit_variance", "sanity", 1.0, float(eps.var()), 0.05),
-        check_close("riesz_identity", "gate", rhs, lhs, 1e-6 * max(1.0, abs(rhs)),
+        check_close("riesz_identity", "sanity", rhs, lhs, 1e-6 * max(1.0, abs(rhs)),
                     "⟨(I−Δ)^(−s) g, v⟩_{H^s} = ⟨g, v⟩_{L2}"),
-        check_cmp("riesz_direction_is_worst_case", "gate", best - rand_best, ">", 0.0,
+        check_cmp("riesz_direction_is_worst_case", "sanity", best - rand_best, ">", 0.0,
                   "⟨g, r/‖r‖_{H^s}⟩ exceeds ⟨g, d/‖d‖_{H^s}⟩ of 64 random directions"),
     ]
     return checks, {"noise_slope": slope, "riesz_lhs": lhs, "riesz_rhs": rhs}
@@ -367,8 +367,8 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
         return 1.0 - float(np.mean(losses[-k:])) / float(np.mean(losses[:k])) if losses else 0.0
 
     checks += [
-        check_equal("spectral_consistency_zero_on_identical", "gate", 0.0, log_spectral_distance(hr_t, hr_t.copy())),
-        check_cmp("spectral_consistency_positive_for_bicubic", "gate", ev["bicubic"]["lsd_db"], ">", 0.1,
+        check_equal("spectral_consistency_zero_on_identical", "sanity", 0.0, log_spectral_distance(hr_t, hr_t.copy())),
+        check_cmp("spectral_consistency_positive_for_bicubic", "sanity", ev["bicubic"]["lsd_db"], ">", 0.1,
                   "bicubic loses the top band, so its spectrum differs from HR"),
         check_cmp("fm_loss_drops_white", "gate", drop(loss_a), ">=", cfg.min_loss_drop,
                   "1 − mean(last 10 % of losses) / mean(first 10 %)"),
