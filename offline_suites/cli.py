@@ -1,7 +1,7 @@
 """``nextguard suites list|run|submit`` and ``nextguard worker``.
 
 ``suites run`` executes in this process (no Redis) and prints the SuiteResult JSON as the last
-output; it exits 0 only if every hard check passed. ``suites submit`` goes through the gateway API
+output; it exits 0 only if every gate passed. ``suites submit`` goes through the gateway API
 and shows a progress bar until the run finishes. ``worker`` starts N arq workers on this machine;
 run it on M machines against one Redis to scale out.
 """
@@ -116,14 +116,16 @@ def _run(args: argparse.Namespace) -> int:
     if not args.json:
         for c in body["checks"]:
             mark = "PASS" if c["passed"] else "FAIL"
-            _out(f"{mark} {c['kind']:<4} {c['name']}: observed={c['observed']} expected={c['expected']}")
+            _out(f"{mark} {c['kind']} {c['name']}: observed={c['observed']} expected={c['expected']}")
         for c in body["claims"]:
-            obs, margin = (("n/a" if v is None else f"{v:.4g}") for v in (c["observed"], c["margin"]))
-            _out(f"CLAIM {c['verdict']}: {c['name']}: {c['statement']} "
-                 f"(observed {obs} {c['direction']} {c['threshold']:.4g}, margin {margin})")
+            obs = "n/a" if c["observed"] is None else f"{c['observed']:.4g}"
+            ci = "none" if c["ci95"] is None else f"[{c['ci95'][0]:.4g}, {c['ci95'][1]:.4g}]"
+            _out(f"CLAIM {c['verdict']}: {c['name']}: {c['statement']} (mean {obs} over "
+                 f"{len(c['per_seed'])} seed(s), 95% CI {ci}; paper {c['direction']} {c['threshold']:.4g}, "
+                 f"target {c['target']:.4g}; {c['reason']})")
         _out(f"artifacts in {out}")
     _out(json.dumps(body))
-    return 0 if result.hard_passed else 1
+    return 0 if result.gates_passed else 1
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -155,7 +157,7 @@ def _submit(args: argparse.Namespace) -> int:
             bar.refresh()
         bar.close()
     _out(json.dumps(run))
-    ok = run["status"] == "succeeded" and (run.get("result") or {}).get("summary", {}).get("hard_passed", False)
+    ok = run["status"] == "succeeded" and (run.get("result") or {}).get("summary", {}).get("gates_passed", False)
     return 0 if ok else 1
 
 

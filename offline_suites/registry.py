@@ -17,7 +17,10 @@ built-in set. Duplicate names raise; unknown names answer "Did you mean …? Ava
 Every suite declares a *null method*: a bool ``null_method`` config field (False in both presets)
 that swaps the suite's core method for a null one (untrained, identity, random, or the baseline
 itself), and a sentence saying what that null is. The contract test runs SMOKE with it and expects
-a hard check to fail; a suite whose checks pass whatever its method does measures nothing.
+a gate to fail; a suite whose gates pass whatever its method does measures nothing.
+
+Every suite also declares ``run_seeds: int`` (1 in SMOKE, at least :data:`~offline_suites.base.MIN_SEEDS`
+in FULL): the platform runs it once per seed and gives each claim a verdict from all of them.
 """
 
 from __future__ import annotations
@@ -33,26 +36,26 @@ if TYPE_CHECKING:
 
 # The built-in suites, grouped by field; `nextguard suites list` shows them in this order.
 BUILTIN_MODULES: tuple[str, ...] = (
-    "offline_suites.powerlaw_cot",
-    "offline_suites.fp_equivariance",
-    "offline_suites.repsim",
-    "offline_suites.tableagent",
-    "offline_suites.cgm",
+    "offline_suites.papers.powerlaw_cot",
+    "offline_suites.papers.fp_equivariance",
+    "offline_suites.papers.repsim",
+    "offline_suites.papers.tableagent",
+    "offline_suites.papers.cgm",
     # time series and sensors
-    "offline_suites.kineflow",
-    "offline_suites.scale_cp",
-    "offline_suites.dicot",
-    "offline_suites.bicrossnet",
+    "offline_suites.papers.kineflow",
+    "offline_suites.papers.scale_cp",
+    "offline_suites.papers.dicot",
+    "offline_suites.papers.bicrossnet",
     # graphs, perturbations, learning theory, continual learning
-    "offline_suites.iterated_erm",
-    "offline_suites.parpic",
-    "offline_suites.weight_perturb",
-    "offline_suites.area_cil",
+    "offline_suites.papers.iterated_erm",
+    "offline_suites.papers.parpic",
+    "offline_suites.papers.weight_perturb",
+    "offline_suites.papers.area_cil",
     # images, OCR and pixel-based RL
-    "offline_suites.asasr",
-    "offline_suites.textatlas",
-    "offline_suites.return_critic",
-    "offline_suites.nextpixel_scaling",
+    "offline_suites.papers.asasr",
+    "offline_suites.papers.textatlas",
+    "offline_suites.papers.return_critic",
+    "offline_suites.papers.nextpixel_scaling",
 )
 
 _lock = threading.RLock()
@@ -79,7 +82,7 @@ def register_suite(
     ``null_method`` says what ``config.null_method = True`` replaces the suite's method with."""
     import dataclasses
 
-    from offline_suites.base import ConfigError, Suite, check_bounds, numeric_fields
+    from offline_suites.base import MIN_SEEDS, ConfigError, Suite, check_bounds, numeric_fields
 
     if not isinstance(version, int) or version < 1:
         raise ValueError(f"suite {name!r}: version must be a positive int, got {version!r}")
@@ -93,6 +96,9 @@ def register_suite(
                                           for p in ("SMOKE", "FULL")):
         raise TypeError(f"suite {name!r}: {config.__name__} needs a field `null_method: bool = False` "
                         "(False in SMOKE and FULL) that swaps the method for its null variant")
+    if "run_seeds" not in fields or config.FULL.run_seeds < MIN_SEEDS or config.SMOKE.run_seeds < 1:
+        raise TypeError(f"suite {name!r}: {config.__name__} needs a field `run_seeds: int` (>= 1 in SMOKE, "
+                        f">= {MIN_SEEDS} in FULL): a claim's verdict needs a CI over several seeds")
     unbounded = sorted(set(numeric_fields(config)) - set(getattr(config, "BOUNDS", {})))
     if unbounded:
         raise TypeError(f"suite {name!r}: {config.__name__}.BOUNDS lacks (lo, hi) for numeric fields "

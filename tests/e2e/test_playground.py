@@ -176,12 +176,12 @@ _RUN = {"id": "r" * 64, "object": "suite.run", "suite": "toy", "version": 1, "pr
         "finished_at": 1.0e9 + 5, "artifacts": ["curve.png", "report.json"],
         "result": {"suite": "toy", "version": 1, "metrics": {"acc": {"layer1": 0.91}, "n": 4},
                    "reference_values": {"acc": {"layer1": 0.9}},
-                   "checks": [{"name": "acc_in_range", "kind": "hard", "expected": "<= 1", "observed": 0.91,
+                   "checks": [{"name": "acc_in_range", "kind": "gate", "expected": "<= 1", "observed": 0.91,
                                "tolerance": 0, "passed": True, "note": ""},
-                              {"name": "beats_paper", "kind": "soft", "expected": 0.95, "observed": 0.91,
+                              {"name": "beats_paper", "kind": "sanity", "expected": 0.95, "observed": 0.91,
                                "tolerance": 0.01, "passed": False, "note": "small scale"}],
                    "artifacts": ["curve.png", "report.json"], "provenance": {},
-                   "summary": {"hard_passed": True, "hard": 1, "hard_failed": [], "soft_failed": ["beats_paper"]}}}
+                   "summary": {"gates_passed": True, "gates": 1, "gates_failed": [], "sanity": 1, "sanity_failed": ["beats_paper"]}}}
 
 
 def _suites_double() -> APIRouter:
@@ -380,7 +380,7 @@ def test_scripted_run_pages(open_page: Any, scripted_server: str) -> None:
     pg.wait_for_function("() => { const i = document.querySelector('.plots img'); return i && i.complete && i.naturalWidth > 0; }")
     _shot(pg, "scripted-run.png", full_page=True)
     view = pg.inner_text("#runs-view")
-    assert "all hard checks passed" in view and "beats_paper" in view
+    assert "all gates passed" in view and "beats_paper" in view
     rows = pg.locator("table.metrics tbody tr")
     assert rows.count() == 2
     assert rows.nth(0).locator("td").all_text_contents() == ["acc.layer1", "0.9100", "0.9000"]

@@ -19,7 +19,8 @@ class QConfig:
     sleep_s: float = 0.0
     marker: str = ""
     null_method: bool = False
-    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {"value": (-1e9, 1e9), "steps": (0, 100_000),
+    run_seeds: int = 1
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {"value": (-1e9, 1e9), "steps": (0, 100_000), "run_seeds": (1, 20),
                                                         "sleep_s": (0.0, 60.0)}
 
     SMOKE: ClassVar[QConfig]
@@ -27,13 +28,13 @@ class QConfig:
 
 
 QConfig.SMOKE = QConfig()
-QConfig.FULL = QConfig(value=2)
+QConfig.FULL = QConfig(value=2, run_seeds=3)
 
 
 def _done(ctx: RunContext, cfg: QConfig) -> SuiteResult:
     value = 0 if cfg.null_method else cfg.value
     ctx.save_json("value.json", {"value": value})
-    return ctx.result({"value": value}, {}, [Check("value_positive", "hard", "> 0", value, 0, value > 0)])
+    return ctx.result({"value": value}, {}, [Check("value_positive", "gate", "> 0", value, 0, value > 0)])
 
 
 _NULL = "the value is forced to 0"

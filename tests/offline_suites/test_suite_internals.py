@@ -9,7 +9,7 @@ import pytest
 
 from offline_suites.base import ConfigError
 from offline_suites.llm import BackgroundEngine
-from offline_suites.powerlaw_cot import Config, _tree_error, tree_depth
+from offline_suites.papers.powerlaw_cot import Config, _tree_error, tree_depth
 
 
 def test_tree_depth_needs_a_root_of_the_leaf_count() -> None:

@@ -84,7 +84,7 @@ async def test_run_lifecycle_over_the_api(client: httpx.AsyncClient, suite_setti
     await burst(suite_settings)
     got = (await client.get(f"/v1/runs/{run['id']}")).json()
     assert got["status"] == "succeeded" and got["progress"] == 1.0
-    assert got["result"]["summary"]["hard_passed"] and "tableworld_manifest.json" in got["artifacts"]
+    assert got["result"]["summary"]["gates_passed"] and "tableworld_manifest.json" in got["artifacts"]
     art = await client.get(f"/v1/runs/{run['id']}/artifacts/tableworld_manifest.json")
     assert art.status_code == 200 and len(json.loads(art.content)) == 2
     assert_openai_error(await client.get(f"/v1/runs/{run['id']}/artifacts/..%2F..%2Fetc%2Fpasswd"), 404)

@@ -23,8 +23,8 @@ def test_cli_list_and_run_prints_result_json_last(tmp_path: Path) -> None:
                    "--config", '{"llm_dialogues": 0, "judge_items": 0, "dialogues": 2}', home=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     body = json.loads(r.stdout.strip().splitlines()[-1])
-    assert body["suite"] == "tableagent" and body["summary"]["hard_passed"] and body["provenance"]["seed"] == 2
-    assert any(line.startswith("PASS hard oracle_ic_micro_strict") for line in r.stdout.splitlines())
+    assert body["suite"] == "tableagent" and body["summary"]["gates_passed"] and body["provenance"]["seed"] == 2
+    assert any(line.startswith("PASS sanity oracle_ic_micro_strict") for line in r.stdout.splitlines())
     out = tmp_path / "suite-results" / "local" / "tableagent-smoke-2"
     assert (out / "tableworld_manifest.json").is_file()
 

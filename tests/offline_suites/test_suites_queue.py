@@ -48,7 +48,7 @@ async def test_burst_worker_runs_to_success(aredis: Any, suite_settings: SuiteSe
     assert w.jobs_complete == 1 and w.jobs_failed == 0
     rec = await _record(aredis, suite_settings, rec["id"])
     assert rec["status"] == "succeeded" and rec["progress"] == 1.0 and rec["attempts"] == 1
-    assert rec["result"]["metrics"] == {"value": 7} and rec["result"]["summary"]["hard_passed"]
+    assert rec["result"]["metrics"] == {"value": 7} and rec["result"]["summary"]["gates_passed"]
     assert (suite_settings.results_dir / rec["id"] / "value.json").read_text().strip().startswith("{")
 
 

@@ -46,6 +46,7 @@ _NoNull.FULL = _NoNull(steps=2)
 @dataclasses.dataclass(frozen=True)
 class _NullOnByDefault:
     null_method: bool = False
+    run_seeds: int = 1
     SMOKE: ClassVar[_NullOnByDefault]
     FULL: ClassVar[_NullOnByDefault]
 
@@ -66,21 +67,44 @@ def test_null_method_is_required() -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class _OneSeedFull:
+    null_method: bool = False
+    run_seeds: int = 1
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {"run_seeds": (1, 20)}
+    SMOKE: ClassVar[_OneSeedFull]
+    FULL: ClassVar[_OneSeedFull]
+
+
+_OneSeedFull.SMOKE = _OneSeedFull()
+_OneSeedFull.FULL = _OneSeedFull(run_seeds=2)
+
+
+def test_full_preset_needs_three_seeds() -> None:
+    # a FULL claim's verdict needs a CI over seeds, so a FULL preset with fewer than three cannot register
+    with pytest.raises(TypeError, match=r"run_seeds: int` \(>= 1 in SMOKE, >= 3 in FULL\)"):
+        register_suite("one-seed", version=1, config=_OneSeedFull, null_method="x")
+    for s in list_suites():
+        if s.fn.__module__ in BUILTIN_MODULES:
+            assert s.config_cls.FULL.run_seeds >= 3 and s.config_cls.SMOKE.run_seeds >= 1, s.name
+
+
+@dataclasses.dataclass(frozen=True)
 class _Unbounded:
     steps: int = 1
     null_method: bool = False
+    run_seeds: int = 1
     SMOKE: ClassVar[_Unbounded]
     FULL: ClassVar[_Unbounded]
 
 
 _Unbounded.SMOKE = _Unbounded()
-_Unbounded.FULL = _Unbounded(steps=10)
+_Unbounded.FULL = _Unbounded(steps=10, run_seeds=3)
 
 
 def test_numeric_fields_must_be_bounded() -> None:
     with pytest.raises(TypeError, match="BOUNDS lacks .* steps"):
         register_suite("unbounded", version=1, config=_Unbounded, null_method="x")
-    _Unbounded.BOUNDS = {"steps": (0, 5)}  # type: ignore[attr-defined]
+    _Unbounded.BOUNDS = {"steps": (0, 5), "run_seeds": (1, 20)}  # type: ignore[attr-defined]
     try:
         # a preset outside its own bounds is a registration error, not a runtime surprise
         with pytest.raises(TypeError, match=r"FULL: config field 'steps' must be within \[0, 5\]"):

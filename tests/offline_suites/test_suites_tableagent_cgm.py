@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from offline_suites.llm import ChatReply, ContextTooLong
-from offline_suites.tableagent import (
+from offline_suites.papers.tableagent import (
     PARENTS,
     TOPOLOGIES,
     Config,
@@ -123,7 +123,7 @@ def test_judge_agreement_and_balanced_items(tmp_path: Path) -> None:
 def test_cgm_lm_statistic_and_bernoulli_optimum() -> None:
     import gender_guesser.detector as gd
 
-    from offline_suites.cgm import _bern_kl, story_is_female
+    from offline_suites.papers.cgm import _bern_kl, story_is_female
 
     det = gd.Detector(case_sensitive=False)
     assert story_is_female(" Dr. Maria Rodriguez", det) and story_is_female(" Emma Taylor", det)
@@ -155,7 +155,7 @@ def test_provenance_records_the_door_to_the_model(tmp_path: Path) -> None:
     def run(ctx: RunContext, config: _DoorCfg, seed: int) -> Any:
         assert ctx.llm.model_id == "m"
         ctx.model_path()
-        return ctx.result({}, {}, [Check("ok", "hard", True, True, 0, True)], uses_llm=True)
+        return ctx.result({}, {}, [Check("ok", "gate", True, True, 0, True)], uses_llm=True)
 
     try:
         from offline_suites.registry import get_suite

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from offline_suites.llm import BackgroundEngine, ChatReply
-from offline_suites.tableagent import AGENT_TOOLS, Config, generate_dialogue, llm_agent
+from offline_suites.papers.tableagent import AGENT_TOOLS, Config, generate_dialogue, llm_agent
 from tests.doubles import ScriptedEngine
 
 

@@ -156,10 +156,11 @@ async function renderRun(id) {
   if (res) {
     const sum = res.summary;
     if (sum) {
-      parts.push(el("p", { class: sum.hard_passed ? "ok-text" : "bad-text" },
-        el("strong", {}, sum.hard_passed ? "all hard checks passed" : `hard checks failed: ${(sum.hard_failed ?? []).join(", ")}`),
-        sum.soft_failed?.length ? el("span", { class: "muted" }, ` · soft checks off: ${sum.soft_failed.join(", ")}`) : null,
-        sum.claims_total ? el("span", {}, ` · paper claims reproduced: ${sum.claims_reproduced}/${sum.claims_total}`) : null));
+      parts.push(el("p", { class: sum.gates_passed ? "ok-text" : "bad-text" },
+        el("strong", {}, sum.gates_passed ? "all gates passed" : `gates failed: ${(sum.gates_failed ?? []).join(", ")}`),
+        sum.sanity_failed?.length ? el("span", { class: "muted" }, ` · sanity checks off: ${sum.sanity_failed.join(", ")}`) : null,
+        sum.claims_total ? el("span", {}, ` · paper claims: ${sum.claims_reproduced} reproduced, ${sum.claims_not_reproduced} not, ` +
+          `${sum.claims_inconclusive} inconclusive of ${sum.claims_total}`) : null));
     }
     const refs = new Map(flatten(res.reference_values));
     const rows = flatten(res.metrics);
@@ -172,15 +173,17 @@ async function renderRun(id) {
     if (res.claims?.length) {
       // Claims are the paper's findings at this run's scale; a miss is a verdict, not a failed run.
       parts.push(el("h3", {}, "Paper claims"), el("table", { class: "checks claims" },
-        el("thead", {}, el("tr", {}, ["", "claim", "statement", "observed", "expected", "margin", "verdict", "note"].map((h) => el("th", {}, h)))),
+        el("thead", {}, el("tr", {}, ["", "claim", "statement", "observed (mean)", "95% CI", "paper", "verdict", "why", "note"].map((h) => el("th", {}, h)))),
         el("tbody", {}, res.claims.map((c) => el("tr", { class: c.verdict === "reproduced" ? "pass" : "fail" },
-          el("td", {}, c.verdict === "reproduced" ? "✔" : "✘"), el("td", {}, c.name), el("td", {}, c.statement),
-          el("td", { class: "num" }, value(c.observed)), el("td", { class: "num" }, `${c.direction} ${value(c.threshold)}`),
-          el("td", { class: "num" }, value(c.margin)), el("td", {}, c.verdict), el("td", { class: "muted" }, c.note ?? ""))))));
+          el("td", {}, c.verdict === "reproduced" ? "✔" : c.verdict === "inconclusive" ? "?" : "✘"), el("td", {}, c.name),
+          el("td", {}, c.statement), el("td", { class: "num" }, value(c.observed)),
+          el("td", { class: "num" }, c.ci95 ? `${value(c.ci95[0])} … ${value(c.ci95[1])}` : "–"),
+          el("td", { class: "num" }, `${c.direction} ${value(c.threshold)}`), el("td", {}, c.verdict),
+          el("td", { class: "muted" }, c.reason ?? ""), el("td", { class: "muted" }, c.note ?? ""))))));
     }
     if (res.checks?.length) {
       parts.push(el("h3", {}, "Checks"), el("table", { class: "checks" },
-        el("thead", {}, el("tr", {}, ["", "check", "kind", "expected", "observed", "tolerance", "note"].map((h) => el("th", {}, h)))),
+        el("thead", {}, el("tr", {}, ["", "check", "kind (gate / sanity)", "expected", "observed", "tolerance", "note"].map((h) => el("th", {}, h)))),
         el("tbody", {}, res.checks.map((c) => el("tr", { class: c.passed ? "pass" : "fail" },
           el("td", {}, c.passed ? "✔" : "✘"), el("td", {}, c.name), el("td", {}, c.kind),
           el("td", { class: "num" }, value(c.expected)), el("td", { class: "num" }, value(c.observed)),

@@ -54,7 +54,9 @@ class Config:
     max_length: int = 128             # longer series are linearly resampled to this length (CPU budget)
     gate_loss_ratio: float = 0.8      # held-out Di-COT loss after training ≤ this × before
     null_method: bool = False         # the Di-COT encoder is left untrained
+    run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "run_seeds": (1, 20),
         "seeds": (1, 20), "iterations": (0, 100_000), "batch": (2, 1024), "lr": (1e-6, 1.0),
         "weight_decay": (0.0, 1.0), "temperature": (1e-3, 10.0), "overlap": (0.0, 0.9), "max_blocks": (2, 64),
         "filters": (2, 256), "out_dim": (2, 1024), "modules": (1, 12), "max_length": (16, 10_000),
@@ -65,7 +67,7 @@ class Config:
 
 
 Config.SMOKE = Config()
-Config.FULL = Config(datasets=("ArrowHead", "OSULeaf", "BasicMotions"), seeds=2, iterations=150)
+Config.FULL = Config(run_seeds=3, datasets=("ArrowHead", "OSULeaf", "BasicMotions"), seeds=2, iterations=150)
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -291,7 +293,7 @@ def heldout_loss(enc: Any, x: np.ndarray, cfg: Config) -> float:
 def sampler_checks(cfg: Config, rng: np.random.Generator) -> tuple[list[Check], dict[str, Any]]:
     import torch
 
-    checks: list[Check] = [check_equal("partition_paper_example", "hard", [50, 25, 5], list(partition(150, 5, 0.5)),
+    checks: list[Check] = [check_equal("partition_paper_example", "gate", [50, 25, 5], list(partition(150, 5, 0.5)),
                                        "T = 150, n = 5, p = 0.5 → L = 50, s = 25, m = 5")]
     bad: list[str] = []
     for _ in range(300):
@@ -306,13 +308,13 @@ def sampler_checks(cfg: Config, rng: np.random.Generator) -> tuple[list[Check], 
                 bad.append(f"T={t} n={n}: p = 0 must give disjoint blocks (s = L), got s={s} L={blk}")
             if p > 0 and abs((blk - s) / blk - p) > 1.0 / blk + 1e-9:
                 bad.append(f"T={t} n={n}: overlap share {(blk - s) / blk:.3f} ≠ p={p}")
-    checks.append(check_equal("partition_invariants_300_draws", "hard", [], bad[:5],
+    checks.append(check_equal("partition_invariants_300_draws", "gate", [], bad[:5],
                               "even length L ≤ T; blocks inside the window; uncovered tail < stride; p = 0 → "
                               "disjoint, tiling blocks; overlap share = p to rounding"))
     # the strided view is exact and copy-free, and p = 0 tiles the window: concatenating blocks returns it
     x = torch.randn(3, 2, 120)
     v = blocks_view(x, *partition(120, 4, 0.0)[:2])
-    checks.append(check_equal("blocks_view_shares_storage_and_tiles", "hard", [True, True],
+    checks.append(check_equal("blocks_view_shares_storage_and_tiles", "gate", [True, True],
                               [v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr(),
                                bool(torch.equal(v.permute(0, 2, 1, 3).reshape(3, 2, -1), x))]))
     # the loss's cost does not grow with T: FLOPs of the loss counted by torch for T = 10², 10³, 10⁴
@@ -328,9 +330,9 @@ def sampler_checks(cfg: Config, rng: np.random.Generator) -> tuple[list[Check], 
             dicot_loss(z, cfg.temperature)
         flops[t], shapes[t] = int(counter.get_total_flops()), m
     ratio = max(flops.values()) / max(min(flops.values()), 1)
-    checks.append(check_cmp("loss_similarity_size_bounded_in_T", "hard", max(shapes.values()), "<=", cfg.max_blocks,
+    checks.append(check_cmp("loss_similarity_size_bounded_in_T", "gate", max(shapes.values()), "<=", cfg.max_blocks,
                             "largest m for n = max_blocks at T = 10², 10³, 10⁴: S is (B, m, m) whatever T"))
-    checks.append(check_equal("loss_flops_are_2Bm2d", "hard",
+    checks.append(check_equal("loss_flops_are_2Bm2d", "gate",
                               [2 * cfg.batch * shapes[t] ** 2 * cfg.out_dim for t in (100, 1000, 10_000)],
                               [flops[t] for t in (100, 1000, 10_000)],
                               "FLOPs torch counts for the loss at T = 10², 10³, 10⁴: the similarity ZZᵀ and "
@@ -367,19 +369,20 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     claims: list[Claim] = []
     for d, m in mean.items():
         ratio = m["dicot"]["heldout_loss"] / m["random_init"]["heldout_loss"]
-        checks.append(check_cmp(f"{d}_dicot_training_lowers_heldout_loss", "hard", ratio, "<=", config.gate_loss_ratio,
+        checks.append(check_cmp(f"{d}_dicot_training_lowers_heldout_loss", "gate", ratio, "<=", config.gate_loss_ratio,
                                 "Di-COT loss on test windows, trained encoder / random-init encoder (same seed)"))
         n_cls = per[d][0]["classes"]
-        checks.append(check_cmp(f"{d}_dicot_probe_beats_chance", "soft", m["dicot"]["accuracy"], ">", 1 / n_cls))
+        checks.append(check_cmp(f"{d}_dicot_probe_beats_chance", "sanity", m["dicot"]["accuracy"], ">", 1 / n_cls))
         claims.append(claim(f"{d}_dicot_beats_random_init", "Di-COT beats the random-init encoder by a clear margin "
                             "(≥ 5 points)", m["dicot"]["accuracy"] - m["random_init"]["accuracy"], ">=", 0.05,
                             "linear-probe accuracy difference"))
         claims.append(claim(f"{d}_dicot_at_least_ts2vec", "Di-COT's accuracy matches or beats TS2Vec",
                             m["dicot"]["accuracy"] - m["ts2vec"]["accuracy"], ">=", 0.0, "accuracy difference"))
-        claims.append(claim(f"{d}_dicot_trains_cheaper_than_ts2vec", "Di-COT needs less training time than TS2Vec "
-                            "(measured as training FLOPs)", m["ts2vec"]["train_flops"] /
-                            max(m["dicot"]["train_flops"], 1.0), ">", 1.0,
-                            "FLOP ratio TS2Vec / Di-COT at equal iterations and batch"))
+        claims.append(claim(f"{d}_dicot_trains_cheaper_than_ts2vec", "Di-COT trains about 2.5× cheaper than TS2Vec "
+                            "(the paper's training-time ratio, measured here as training FLOPs)",
+                            m["ts2vec"]["train_flops"] / max(m["dicot"]["train_flops"], 1.0), ">=", 2.5,
+                            "FLOP ratio TS2Vec / Di-COT at equal iterations and batch; 1 = no saving",
+                            no_effect=1.0))
 
     import matplotlib
 

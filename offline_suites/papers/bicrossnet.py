@@ -56,7 +56,9 @@ class Config:
     min_base_accuracy: float = 0.7    # extractor on held-out base gestures (chance 1/base_classes)
     max_delta_error_ratio: float = 0.6  # reconstruction error of D(E(a, b), b) vs a, over ‖a − b‖²
     null_method: bool = False         # extractor and both generators untrained
+    run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "run_seeds": (1, 20),
         "base_classes": (2, 500), "novel_classes": (2, 100), "per_class": (4, 2000), "length": (16, 1024),
         "ways": (2, 50), "shots": (1, 100), "queries": (1, 500), "episodes": (1, 100_000), "channels": (2, 512),
         "embed": (2, 1024), "delta_dim": (1, 256), "generated": (0, 1000), "epochs": (0, 10_000),
@@ -68,7 +70,7 @@ class Config:
 
 
 Config.SMOKE = Config()
-Config.FULL = Config(base_classes=40, novel_classes=10, per_class=60, episodes=600, channels=32, embed=64,
+Config.FULL = Config(run_seeds=3, base_classes=40, novel_classes=10, per_class=60, episodes=600, channels=32, embed=64,
                      epochs=40, delta_steps=3000)
 
 ARMS = ("bicrossnet_dual_gen", "bicrossnet_no_gen", "bicrossnet_delta_only", "bicrossnet_embed_only",
@@ -113,7 +115,7 @@ def synthetic(cfg: Config, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 
 def basic_motions(ctx: RunContext, length: int) -> dict[str, np.ndarray]:
-    from offline_suites.dicot import read_ts, ucr_path
+    from offline_suites.papers.dicot import read_ts, ucr_path
 
     xs, ys = [], []
     for split in ("TRAIN", "TEST"):
@@ -372,12 +374,12 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
         hf = torch.tensor(x[ho].reshape(int(ho.sum()), -1), dtype=torch.float32)
         err = float(((gen.reconstruct(hf[i], hf[j]) - hf[i]) ** 2).mean())
         copy = float(((hf[j] - hf[i]) ** 2).mean())
-    checks.append(check_cmp("extractor_base_accuracy_heldout", "hard", acc_base, ">=", config.min_base_accuracy,
+    checks.append(check_cmp("extractor_base_accuracy_heldout", "gate", acc_base, ">=", config.min_base_accuracy,
                             f"BiCrossNet on held-out base gestures (chance {1 / config.base_classes:.3f})"))
-    checks.append(check_cmp("delta_generator_reconstructs_heldout_pairs", "hard", err / copy, "<=",
+    checks.append(check_cmp("delta_generator_reconstructs_heldout_pairs", "gate", err / copy, "<=",
                             config.max_delta_error_ratio, "MSE(D(E(a, b), b), a) / MSE(b, a) on held-out same-class "
                             "base pairs: the delta must carry what separates a from b"))
-    checks.append(check_equal("generated_shapes", "hard", [2 * config.generated, x.shape[1], x.shape[2]],
+    checks.append(check_equal("generated_shapes", "gate", [2 * config.generated, x.shape[1], x.shape[2]],
                               list(gen.apply(x[~is_base][:2], base["x"], base["y"], config.generated, rng).shape)))
     params = {"bicrossnet_extractor": n_params(net), "single_stream_cnn_extractor": n_params(cnn),
               "delta_generator": sum(p.numel() for p in list(gen.enc.parameters()) + list(gen.dec.parameters()))}
@@ -407,10 +409,12 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
                             f"({shots}-shot, extractor pre-trained on synthetic gestures)",
                             b["bicrossnet_dual_gen"]["accuracy"] - b["bicrossnet_no_gen"]["accuracy"], ">", 0.0,
                             "accuracy difference; 80 recordings, 4 classes"))
-    claims.append(claim("extractor_fewer_params", "the pre-trained extractor has fewer parameters (paper: 27.8 % "
-                        "fewer than its comparison)", 1 - params["bicrossnet_extractor"] /
-                        params["single_stream_cnn_extractor"], ">", 0.0,
-                        "1 − params(BiCrossNet) / params(single-stream CNN of twice the per-stream width)"))
+    # the parameter saving is fixed by the two architectures this suite chose, not measured: reported as a
+    # sanity figure, not as the paper's 27.8 % claim
+    checks.append(check_cmp("extractor_fewer_params", "sanity", 1 - params["bicrossnet_extractor"] /
+                            params["single_stream_cnn_extractor"], ">", 0.0,
+                            "1 − params(BiCrossNet) / params(single-stream CNN of twice the per-stream width); "
+                            "set by the chosen widths"))
 
     import matplotlib
 

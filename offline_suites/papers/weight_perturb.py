@@ -34,7 +34,7 @@ import numpy as np
 from offline_suites.base import Check, Claim, RunContext, SuiteResult, check_cmp, claim, set_threads
 from offline_suites.registry import register_suite
 
-HEADS = Path(__file__).resolve().parents[1] / "guard" / "artifacts" / "monitors" / "lora" / "heads.json"
+HEADS = Path(__file__).resolve().parents[2] / "guard" / "artifacts" / "monitors" / "lora" / "heads.json"
 TRIGGER = (0, 1, 8, 9)   # top-left 2×2 pixels of the 8×8 digit
 
 
@@ -54,7 +54,9 @@ class Config:
     ranks: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 96, 127)
     min_accuracy: float = 0.9
     null_method: bool = False
+    run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "run_seeds": (1, 20),
         "layers": (1, 1000), "feasible_samples": (1, 100_000), "hidden": (8, 1024), "epochs": (0, 100_000),
         "lr": (1e-6, 1.0), "eval_inputs": (1, 1797), "opt_steps": (1, 100_000), "opt_inputs": (1, 500),
         "attack_rank": (1, 1024), "beta": (0.0, 100.0), "backdoor_epochs": (0, 100_000), "ranks": (1, 1024),
@@ -65,7 +67,7 @@ class Config:
 
 
 Config.SMOKE = Config()
-Config.FULL = Config(layers=200, feasible_samples=10_000, epochs=600, eval_inputs=400, opt_inputs=40,
+Config.FULL = Config(run_seeds=3, layers=200, feasible_samples=10_000, epochs=600, eval_inputs=400, opt_inputs=40,
                      backdoor_epochs=1500, ranks=tuple(range(1, 128)))
 
 
@@ -114,14 +116,14 @@ def _exactness(cfg: Config, rng: np.random.Generator) -> tuple[list[Check], dict
         multi_vs_lstsq.append(float(abs(np.linalg.norm(dwm) - np.linalg.norm(lst)) / np.linalg.norm(lst)))
         multi_smaller += int(np.linalg.norm(lst) < np.linalg.norm(dwm) * (1 - 1e-9))
     checks = [
-        check_cmp("formula_achieves_target_change", "hard", max(achieve), "<=", 1e-9,
+        check_cmp("formula_achieves_target_change", "gate", max(achieve), "<=", 1e-9,
                   "max |(W+ΔW)a − (z+Δz)| over random layers"),
-        check_cmp("formula_norm_is_predicted", "hard", float(max(norm_err)), "<=", 1e-9,
+        check_cmp("formula_norm_is_predicted", "gate", float(max(norm_err)), "<=", 1e-9,
                   "relative |‖ΔW‖_F − ‖Δz‖/‖a‖|"),
-        check_cmp("no_smaller_feasible_perturbation", "hard", smaller, "<=", 0,
+        check_cmp("no_smaller_feasible_perturbation", "gate", smaller, "<=", 0,
                   f"random feasible ΔW* + N (N a = 0) smaller than the formula's, of {cfg.layers * cfg.feasible_samples}"),
-        check_cmp("multi_sample_achieves_target", "hard", max(multi_achieve), "<=", 1e-8, "max |ΔW A − ΔZ|"),
-        check_cmp("multi_sample_is_least_norm", "hard", max(multi_vs_lstsq), "<=", 1e-8,
+        check_cmp("multi_sample_achieves_target", "gate", max(multi_achieve), "<=", 1e-8, "max |ΔW A − ΔZ|"),
+        check_cmp("multi_sample_is_least_norm", "gate", max(multi_vs_lstsq), "<=", 1e-8,
                   "relative norm difference to numpy's minimum-norm lstsq solution"),
     ]
     return checks, {"max_achieve_err": max(achieve), "max_norm_rel_err": max(norm_err), "smaller_found": smaller,
@@ -315,10 +317,10 @@ def _backdoor(ctx: RunContext, cfg: Config, data: tuple[np.ndarray, ...], seed: 
         curve[str(r)]["sigma_r_plus_1"] = float(s[r])
     safe = [int(r) for r, v in curve.items() if v["certified_share"] >= 0.99]
     comp_acc, comp_asr = curve[str(cfg.attack_rank)]["clean_acc"], curve[str(cfg.attack_rank)]["asr"]
-    checks = [check_cmp("certified_compressions_never_flip", "hard", certified_flips, "<=", 0,
+    checks = [check_cmp("certified_compressions_never_flip", "gate", certified_flips, "<=", 0,
                         f"(rank, triggered input) pairs with σ_(r+1) below the input's Lipschitz radius whose "
                         f"prediction changed, of {certified_pairs} certified pairs"),
-              check_cmp("backdoored_model_clean_accuracy", "hard", full_acc, ">=", cfg.min_accuracy - 0.05,
+              check_cmp("backdoored_model_clean_accuracy", "gate", full_acc, ">=", cfg.min_accuracy - 0.05,
                         "the attacked model must still be a working classifier at full precision")]
     claims = [claim("backdoor_activates_under_low_rank",
                     f"rank-{cfg.attack_rank} compression activates the latent backdoor (ASR > 0.8)", comp_asr, ">", 0.8),
@@ -368,7 +370,7 @@ def _guard(ctx: RunContext, cfg: Config, rng: np.random.Generator) -> tuple[list
                                  # the least ‖Δw‖₂ that flips a verdict of margin m for some feature vector in the box
                                  "min_flip_l2_at_median_margin": float(np.median(margins) / (clip * np.sqrt(w.size)))}
         out[gate] = res
-    checks = [check_cmp("guard_box_bound_never_exceeded", "soft", worst_sample_excess, "<=", 1e-9,
+    checks = [check_cmp("guard_box_bound_never_exceeded", "sanity", worst_sample_excess, "<=", 1e-9,
                         "sampled feature vectors in [0, clip]^n never move a score more than the box bound")]
     return checks, out
 
@@ -386,29 +388,31 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     data = _digits(ctx, seed)
     ws = _train(data[0], data[1], cfg, seed, backdoor=False)
     acc = float(np.mean(np.argmax(forward(ws, data[2])[3], 1) == data[3]))
-    checks.append(check_cmp("mlp_accuracy", "hard", acc, ">=", cfg.min_accuracy, "held-out accuracy (chance 0.1)"))
+    checks.append(check_cmp("mlp_accuracy", "gate", acc, ">=", cfg.min_accuracy, "held-out accuracy (chance 0.1)"))
     ctx.progress(0.3, "flip radii")
     fr = _flip_radii(ws, data[2][:cfg.eval_inputs], cfg, rng)
     rows = fr["rows"]
     last = [r for r in rows if r["layer"] == 3]
     inner = [r for r in rows if r["layer"] < 3 and np.isfinite(r["found"])]
-    checks.append(check_cmp("last_layer_flip_equals_formula", "hard",
+    checks.append(check_cmp("last_layer_flip_equals_formula", "gate",
                             max(abs(r["found"] - r["estimate"]) / r["estimate"] for r in last), "<=", 1e-6,
                             "bisection flip along the formula's direction vs m/(√2‖a‖)·… (exact at the last layer)"))
-    checks.append(check_cmp("lipschitz_certificate_sound", "hard",
+    checks.append(check_cmp("lipschitz_certificate_sound", "gate",
                             max(r["lipschitz"] / r["found"] for r in rows if np.isfinite(r["found"])), "<=", 1 + 1e-9,
                             "certified radius / flip found, every input and layer (a found flip can never be smaller)"))
     ctx.progress(0.45, "optimiser vs formula")
     opt = _optimise_last_layer(ws, data[2][:cfg.opt_inputs], cfg, rng)
-    checks.append(check_cmp("optimiser_finds_nothing_smaller", "hard",
+    checks.append(check_cmp("optimiser_finds_nothing_smaller", "gate",
                             max(o["formula"] / o["optimised"] for o in opt), "<=", 1 + 1e-6,
                             "formula norm / optimised flipping norm (Adam on the penalised problem, rescaled to flip)"))
     ratio = [r["estimate"] / r["lipschitz"] for r in inner]
     found_ratio = [r["found"] / r["lipschitz"] for r in inner]
     factor = float(np.median(ratio))
-    claims = [claim("exact_tighter_than_lipschitz", "the single-layer (back-propagated-margin) radius is larger than "
-                    "the Lipschitz certificate at inner layers", factor, ">", 1.0, "median radius ratio, layers 1–2"),
-              claim("exact_and_lipschitz_same_order", "the two are of the same order (ratio < 10)", factor, "<", 10.0,
+    # the Lipschitz certificate is a lower bound on the smallest flip, so a ratio ≥ 1 holds by construction:
+    # the paper's "tighter" is reported, not claimed
+    checks.append(check_cmp("exact_radius_at_least_lipschitz", "sanity", factor, ">=", 1.0,
+                            "median radius ratio, layers 1–2; ≥ 1 by the certificate's soundness"))
+    claims = [claim("exact_and_lipschitz_same_order", "the two are of the same order (ratio < 10)", factor, "<", 10.0,
                     "median radius ratio, layers 1–2")]
     ctx.progress(0.6, "low-rank backdoor")
     bc, bcl, bd = _backdoor(ctx, cfg, data, seed)

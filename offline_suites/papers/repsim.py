@@ -58,7 +58,9 @@ class Config:
     min_accuracy: float = 0.8        # every trained MLP must reach this held-out accuracy (chance: 0.1)
     min_white_box_asr: float = 0.25  # MI-FGSM must fool model A on at least this share of its correct inputs
     null_method: bool = False        # leave every MLP untrained (random init): the checks must notice
+    run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "run_seeds": (1, 20),
         "overlaps": (0.0, 1.0), "seeds": (1, 100), "holdout": (50, 1500),   # sklearn digits has 1,797 images
         "epochs": (0, 1000), "batch": (1, 4096), "lr": (1e-6, 1.0), "knn_k": (1, 100), "attack_eps": (0.0, 1.0),
         "attack_steps": (1, 1000), "llm_texts": (0, 4096), "llm_knn_k": (1, 100), "guard_layer": (0, 1000),
@@ -70,7 +72,7 @@ class Config:
 
 # Track L is a guard diagnostic, not the paper: off in SMOKE (CI), on in FULL
 Config.SMOKE = Config(epochs=20, llm_texts=0)
-Config.FULL = Config(seeds=10, epochs=60, task_overlap=True, llm_texts=256)
+Config.FULL = Config(run_seeds=3, seeds=10, epochs=60, task_overlap=True, llm_texts=256)
 
 
 # ------------------------------------------------------------------------------------- metrics
@@ -262,12 +264,12 @@ def _track_v(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], list
             a2, b_idx, shared = overlap_split(yp, f, split_seed)
             if s == 0:
                 n_per = sum(len(np.flatnonzero(yp == c)) // 2 for c in range(10))
-                checks.append(check_equal(f"split_sizes_f{f}", "hard", [n_per, n_per, n_per],
+                checks.append(check_equal(f"split_sizes_f{f}", "sanity", [n_per, n_per, n_per],
                                           [len(a2), len(b_idx), len(set(b_idx.tolist()))],
                                           "|A|, |B|, distinct in B"))
-                checks.append(check_equal(f"split_shared_count_f{f}", "hard", shared,
+                checks.append(check_equal(f"split_shared_count_f{f}", "sanity", shared,
                                           len(set(a2.tolist()) & set(b_idx.tolist()))))
-                checks.append(check_equal(f"split_model_a_fixed_f{f}", "hard", True, bool(np.array_equal(a2, a_idx)),
+                checks.append(check_equal(f"split_model_a_fixed_f{f}", "sanity", True, bool(np.array_equal(a2, a_idx)),
                                           "constrained split: A's data does not depend on f"))
             net_b = _train_mlp(xp[b_idx], yp[b_idx], cfg, split_seed + 1)
             fb = l2n(_features(net_b, xt))
@@ -292,13 +294,13 @@ def _track_v(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], list
     # gates on the method's output: an untrained MLP sits at chance and its features are noise, so
     # nothing downstream (similarity, transfer) would mean anything
     worst_acc = min(acc_a + [r["acc_b"] for r in rows])
-    checks.append(check_cmp("trained_models_beat_chance", "hard", worst_acc, ">=", cfg.min_accuracy,
+    checks.append(check_cmp("trained_models_beat_chance", "gate", worst_acc, ">=", cfg.min_accuracy,
                             "lowest held-out accuracy over every model A and B (chance 0.1)"))
-    checks.append(check_cmp("white_box_attack_fools_model_a", "hard", min(white_box), ">=", cfg.min_white_box_asr,
+    checks.append(check_cmp("white_box_attack_fools_model_a", "gate", min(white_box), ">=", cfg.min_white_box_asr,
                             f"lowest MI-FGSM success on A itself (ε={cfg.attack_eps}) over seeds; "
                             "transfer is measured against this"))
     # the transfer rate can only be read against the source's own rate
-    checks.append(check_cmp("transfer_asr_below_white_box", "soft",
+    checks.append(check_cmp("transfer_asr_below_white_box", "sanity",
                             max(r["transfer_asr"] - r["white_box_asr"] for r in rows), "<=", 0.0,
                             "examples crafted on A fool B at most as often as A"))
     claims = [claim("overlap_raises_mutual_knn", "more dataset overlap → more similar representations (mutual kNN)",
@@ -360,20 +362,20 @@ def _metric_unit_checks(rng: np.random.Generator, k: int) -> list[Check]:
     # each point's overlap is hypergeometric (k draws of n−1, k marked); mean over n points
     sd = math.sqrt(k * p * (1 - p) * (n - 1 - k) / (n - 2)) / k / math.sqrt(n)
     return [
-        check_close("cka_orthogonal_invariance", "hard", 1.0, linear_cka(x, x @ q), 1e-9),
-        check_close("cka_isotropic_scale_invariance", "hard", linear_cka(x, x @ q), linear_cka(3.7 * x, x @ q), 1e-9),
-        check_close("mutual_knn_self", "hard", 1.0, mutual_knn(x, x, k), 0.0),
-        check_close("cknna_self", "hard", 1.0, cknna(x, x, k), 1e-9),
-        check_close("cknna_orthogonal_invariance", "hard", 1.0, cknna(x, x @ q, k), 1e-9),
-        check_cmp("cknna_independent_gaussians_low", "hard", abs(cknna(a, b, k)), "<", 0.2,
+        check_close("cka_orthogonal_invariance", "sanity", 1.0, linear_cka(x, x @ q), 1e-9),
+        check_close("cka_isotropic_scale_invariance", "sanity", linear_cka(x, x @ q), linear_cka(3.7 * x, x @ q), 1e-9),
+        check_close("mutual_knn_self", "sanity", 1.0, mutual_knn(x, x, k), 0.0),
+        check_close("cknna_self", "sanity", 1.0, cknna(x, x, k), 1e-9),
+        check_close("cknna_orthogonal_invariance", "sanity", 1.0, cknna(x, x @ q, k), 1e-9),
+        check_cmp("cknna_independent_gaussians_low", "sanity", abs(cknna(a, b, k)), "<", 0.2,
                   "independent representations share few neighbours and no kernel structure"),
         # CCA is invariant to any invertible linear map, not only to rotations (keep = 1: no SVD cut,
         # which would drop different directions of the two spectra)
-        check_close("svcca_invertible_map_invariance", "hard", 1.0, svcca(x, x @ (q + 0.5 * np.eye(32)), keep=1.0),
+        check_close("svcca_invertible_map_invariance", "sanity", 1.0, svcca(x, x @ (q + 0.5 * np.eye(32)), keep=1.0),
                     1e-9),
-        check_cmp("svcca_independent_gaussians_below_one", "hard", svcca(a, b), "<", 0.5,
+        check_cmp("svcca_independent_gaussians_below_one", "sanity", svcca(a, b), "<", 0.5,
                   "16 + 16 independent Gaussian dimensions over 300 points"),
-        check_close("mutual_knn_independent_gaussians", "hard", p, mutual_knn(a, b, k), 5 * sd,
+        check_close("mutual_knn_independent_gaussians", "sanity", p, mutual_knn(a, b, k), 5 * sd,
                     f"E = k/(n−1) = {p:.4f}; tolerance 5σ of the hypergeometric mean"),
     ]
 
@@ -439,7 +441,7 @@ def _track_l(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict
         out["served_vs_safeguard"] = [{"cka": linear_cka(a, b), "mutual_knn": mutual_knn(l2n(a), l2n(b), k)}
                                       for a, b in zip(hs, hg, strict=True)]
         sg, sr = out["served_vs_safeguard"][g]["mutual_knn"], out["served_vs_random_init"][g]["mutual_knn"]
-        checks.append(Check("safeguard_closer_than_random_init_at_guard_layer", "soft", "mkNN(safeguard) > mkNN(random)",
+        checks.append(Check("safeguard_closer_than_random_init_at_guard_layer", "sanity", "mkNN(safeguard) > mkNN(random)",
                             [sg, sr], 0, sg > sr))
     else:
         out["served_vs_safeguard"] = (f"no safeguard adapter configured (safeguard_adapter={cfg.safeguard_adapter!r}); "
@@ -447,7 +449,7 @@ def _track_l(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict
     # neighbouring trained layers resemble each other more than the same layer of an untrained net
     adj = linear_cka(hs[g], hs[g - 1])
     rnd = out["served_vs_random_init"][g]["cka"]
-    checks.append(Check("adjacent_layers_closer_than_random_init", "soft", "CKA(l, l−1) > CKA(served l, random l)",
+    checks.append(Check("adjacent_layers_closer_than_random_init", "sanity", "CKA(l, l−1) > CKA(served l, random l)",
                         [adj, rnd], 0, adj > rnd))
     return checks, out
 

@@ -60,7 +60,9 @@ class Config:
     judge_items: int = 16            # scripted (answer, point) pairs the served model judges (0 = skip)
     sandbox_timeout_s: float = 20.0
     null_method: bool = False        # a judge that credits every non-empty answer: the gates must fail
+    run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "run_seeds": (1, 20),
         "dialogues": (1, 1000), "years": (1900, 2100), "llm_dialogues": (0, 1000), "llm_turns": (1, 4),
         "llm_max_steps": (0, 100), "llm_max_tokens": (1, 4096), "llm_parallel": (1, 64), "judge_items": (0, 10_000),
         "sandbox_timeout_s": (1.0, 600.0)}
@@ -71,7 +73,7 @@ class Config:
 
 Config.SMOKE = Config()
 # FULL: ≤ 6 × 4 × 7 agent messages of ≤ 192 tokens, six dialogues in flight: minutes, far inside the job timeout
-Config.FULL = Config(dialogues=60, llm_dialogues=6, llm_turns=4, llm_max_steps=6, llm_max_tokens=192,
+Config.FULL = Config(run_seeds=3, dialogues=60, llm_dialogues=6, llm_turns=4, llm_max_steps=6, llm_max_tokens=192,
                      judge_items=300)
 
 
@@ -682,24 +684,25 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
         scores = score_traces(traces_k, judge)
         metrics["scripted"][kind] = scores
         for key, exp in _expected(dialogues, kind).items():
-            checks.append(check_close(f"{kind}_{key}", "hard", exp, scores[key], 1e-12))
+            # the oracle agent scored against the design that scripted it agrees by construction
+            checks.append(check_close(f"{kind}_{key}", "sanity" if kind == "oracle" else "gate", exp, scores[key], 1e-12))
         if kind == "silent":
-            checks.append(check_equal("silent_nonstrict_ic_undefined", "hard", True, math.isnan(scores["ic_micro_nonstrict"]),
+            checks.append(check_equal("silent_nonstrict_ic_undefined", "gate", True, math.isnan(scores["ic_micro_nonstrict"]),
                                       "non-strict IC excludes unanswered turns; with none answered it is undefined"))
     # the judge's own rules on hand-made cases
-    checks.append(check_equal("judge_number_normalisation", "hard", [True, True, True, False],
+    checks.append(check_equal("judge_number_normalisation", "gate", [True, True, True, False],
                               [covered({"kind": "number", "value": 15000.0}, "1.5万"),
                                covered({"kind": "number", "value": 2500.0}, "2.5k units"),
                                covered({"kind": "number", "value": 12.34, "percent": True}, "about 12.4%"),
                                covered({"kind": "number", "value": 12.34}, "12.5")]))
-    checks.append(check_equal("judge_trend_contradiction", "hard", [True, False],
+    checks.append(check_equal("judge_trend_contradiction", "gate", [True, False],
                               [covered({"kind": "trend", "value": "up"}, "costs rose"),
                                covered({"kind": "trend", "value": "up"}, "it rose then fell")]))
     west = {"kind": "entity", "value": "West", "aliases": ["West", "西部"], "others": ["North", "北部"]}
-    checks.append(check_equal("judge_entity_rules", "hard", [True, True, False, False],
+    checks.append(check_equal("judge_entity_rules", "gate", [True, True, False, False],
                               [covered(west, "The West region."), covered(west, "西部地区"),
                                covered(west, "the lowest profit"), covered(west, "West or North")]))
-    checks.append(check_equal("judge_number_flood", "hard", [True, False],
+    checks.append(check_equal("judge_number_flood", "gate", [True, False],
                               [covered({"kind": "number", "value": 512.0}, "In 2023 it was 512.00."),
                                covered({"kind": "number", "value": 512.0},
                                        " ".join(str(v) for v in range(500, 520)))],
@@ -707,7 +710,7 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     sandbox_out = run_sandboxed("result = int(tables['headcount.csv'].iloc[:, 1].sum())", dialogues[0].folder,
                                 cfg.sandbox_timeout_s)
     expected_sum = int(read_table(dialogues[0].folder / "headcount.csv").iloc[:, 1].sum())
-    checks.append(check_equal("sandbox_run_pandas", "hard", str(expected_sum), sandbox_out))
+    checks.append(check_equal("sandbox_run_pandas", "sanity", str(expected_sum), sandbox_out))
 
     claims = []
     uses_llm = cfg.llm_dialogues > 0 or cfg.judge_items > 0

@@ -34,7 +34,7 @@ import numpy as np
 from offline_suites.base import Check, Claim, RunContext, SuiteResult, check_cmp, claim, set_threads
 from offline_suites.registry import register_suite
 
-GUARD_DATA = Path(__file__).resolve().parents[1] / "guard" / "artifacts" / "data.jsonl.gz"
+GUARD_DATA = Path(__file__).resolve().parents[2] / "guard" / "artifacts" / "data.jsonl.gz"
 TEXT_CLASSES = ("crime", "privacy", "violence", "hate", "self_harm", "misinformation", "harassment", "sexual")
 TEMPLATES = ("a request about {}", "a message involving {}", "text related to {}", "a question on the topic of {}")
 
@@ -61,7 +61,9 @@ class Config:
     ot_iters: int = 500
     max_pga_angle_deg: float = 10.0
     null_method: bool = False
+    run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "run_seeds": (1, 20),
         "dim": (8, 1024), "tasks": (2, 50), "classes_per_task": (1, 100), "attributes": (1, 64),
         "train_per_class": (10, 10_000), "test_per_class": (5, 10_000), "attr_scale": (0.0, 1.5),
         "noise": (0.0, 1.0), "shared_attr_frac": (0.0, 1.0), "text_per_class": (0, 500),
@@ -74,7 +76,7 @@ class Config:
 
 
 Config.SMOKE = Config()
-Config.FULL = Config(tasks=10, classes_per_task=4, train_per_class=250, test_per_class=50, epochs=100,
+Config.FULL = Config(run_seeds=3, tasks=10, classes_per_task=4, train_per_class=250, test_per_class=50, epochs=100,
                      text_per_class=80, ot_iters=300)
 
 
@@ -441,22 +443,22 @@ def _run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
         sizes = np.array([np.isin(s.yte, np.flatnonzero(s.task_of == t)).sum() for t in range(int(s.task_of.max()) + 1)])
         summ = {m: summarise(a, sizes) for m, a in accs.items()}
         metrics[name] = {"summary": summ, "accuracy_matrix": accs, **routing}
-        # hard: what must hold of the method's own objects
+        # sanity: identities of the method's own objects (they hold for any anchors)
         mus = np.array(list(area.mu.values()))
-        checks.append(check_cmp(f"{name}_anchors_unit_norm", "hard", float(np.abs(np.linalg.norm(mus, axis=1) - 1).max()),
+        checks.append(check_cmp(f"{name}_anchors_unit_norm", "sanity", float(np.abs(np.linalg.norm(mus, axis=1) - 1).max()),
                                 "<=", 1e-12, "max |‖μ_c‖ − 1|"))
         ortho = max(float(np.abs(b.T @ b - np.eye(b.shape[1])).max()) for b in area.basis.values())
         tang = max(float(np.abs(area.basis[c].T @ area.mu[c]).max()) for c in area.basis)
-        checks.append(check_cmp(f"{name}_bases_orthonormal_tangent", "hard", max(ortho, tang), "<=", 1e-10,
+        checks.append(check_cmp(f"{name}_bases_orthonormal_tangent", "sanity", max(ortho, tang), "<=", 1e-10,
                                 "max |BᵀB − I|, |Bᵀμ| over classes"))
         c0 = 0
         x0 = s.xtr[s.ytr == c0]
-        checks.append(check_cmp(f"{name}_exp_log_identity", "hard",
+        checks.append(check_cmp(f"{name}_exp_log_identity", "sanity",
                                 float(np.abs(exp_map(area.mu[c0], log_map(area.mu[c0], x0)) - x0).max()), "<=", 1e-9))
         last_task = int(s.task_of.max())
         _, plan, a, b = area.route(s.xte, last_task)
         dev = max(float(np.abs(plan.sum(1) - a).max() / a.max()), float(np.abs(plan.sum(0) - b).max() / b.max()))
-        checks.append(check_cmp(f"{name}_ot_marginals", "hard", dev, "<=", 1e-4,
+        checks.append(check_cmp(f"{name}_ot_marginals", "sanity", dev, "<=", 1e-4,
                                 "relative deviation of the routing plan's row and column sums from its marginals"))
         if s.planted is not None:
             angles = []
@@ -464,7 +466,7 @@ def _run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
                 cosines = np.linalg.svd(area.basis[c].T @ true, compute_uv=False)
                 angles.append(float(np.degrees(np.arccos(np.clip(cosines.min(), -1, 1)))))
             metrics[name]["pga_max_angle_deg"] = max(angles)
-            checks.append(check_cmp(f"{name}_pga_recovers_planted_attributes", "hard", max(angles), "<=",
+            checks.append(check_cmp(f"{name}_pga_recovers_planted_attributes", "gate", max(angles), "<=",
                                     cfg.max_pga_angle_deg, "largest principal angle, extracted vs planted subspace"))
         a_s, f_s = summ["area"], summ["finetune"]
         claims.append(claim(f"{name}_area_forgets_less_than_finetune",

@@ -59,7 +59,9 @@ class Config:
     diag_min_r2: float = 0.9
     diag_min_keyframe_hit: float = 0.8
     null_method: bool = False        # the baseline: no return head, uniform replay
+    run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
+        "run_seeds": (1, 20),
         "balls": (1, 50), "seeds": (1, 50), "env_steps": (100, 2_000_000), "warmup": (1, 100_000),
         "buffer": (100, 2_000_000), "batch": (1, 1024), "lr": (1e-6, 1.0), "gamma": (0.0, 1.0),
         "eps_decay_steps": (1, 2_000_000), "target_every": (1, 100_000), "update_every": (1, 100),
@@ -72,7 +74,7 @@ class Config:
 
 
 Config.SMOKE = Config()
-Config.FULL = Config(seeds=4, env_steps=4000, warmup=200, eps_decay_steps=2000, eval_every=400, eval_episodes=5,
+Config.FULL = Config(run_seeds=3, seeds=4, env_steps=4000, warmup=200, eps_decay_steps=2000, eval_every=400, eval_episodes=5,
                      diag_steps=400)
 
 
@@ -331,11 +333,11 @@ def _env_checks(cfg: Config, seed: int) -> tuple[list[Check], dict[str, Any]]:
     rew = r1[:ep]
     direct = np.array([sum(cfg.gamma ** k * rew[t + k] for k in range(ep - t)) for t in range(ep)])
     checks = [
-        check_equal("env_deterministic", "hard", True, bool(np.array_equal(o1, o2) and np.array_equal(r1, r2))),
-        check_equal("env_reward_accounting", "hard", [c - m for c, m in c1], per_ep.astype(int).tolist(),
+        check_equal("env_deterministic", "sanity", True, bool(np.array_equal(o1, o2) and np.array_equal(r1, r2))),
+        check_equal("env_reward_accounting", "sanity", [c - m for c, m in c1], per_ep.astype(int).tolist(),
                     "episode reward sum = catches − misses, counted by the environment itself"),
-        check_equal("env_every_ball_scored", "hard", [cfg.balls] * len(c1), [c + m for c, m in c1]),
-        check_close("aux_target_is_discounted_return", "hard", 0.0,
+        check_equal("env_every_ball_scored", "sanity", [cfg.balls] * len(c1), [c + m for c, m in c1]),
+        check_close("aux_target_is_discounted_return", "sanity", 0.0,
                     float(np.max(np.abs(discounted_returns(rew.astype(np.float64), cfg.gamma) - direct))), 1e-9,
                     "buffer's backward recursion vs Σ_k γ^k r_{t+k}"),
     ]
@@ -350,9 +352,9 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     checks, env_info = _env_checks(cfg, seed)
     diag = keyframe_diagnostic(cfg, seed)
     checks += [
-        check_cmp("rc_head_keyframe_r2", "hard", diag["r2"], ">=", cfg.diag_min_r2,
+        check_cmp("rc_head_keyframe_r2", "gate", diag["r2"], ">=", cfg.diag_min_r2,
                   "return written in one of K frames, regressed through the shared encoder"),
-        check_cmp("rc_head_attends_keyframe", "hard", diag["keyframe_hit"], ">=", cfg.diag_min_keyframe_hit,
+        check_cmp("rc_head_attends_keyframe", "gate", diag["keyframe_hit"], ">=", cfg.diag_min_keyframe_hit,
                   f"arg-max read-out attention on the key frame; chance {diag['chance']:.3f}"),
     ]
     ctx.progress(0.1, "environment and key-frame diagnostic")
@@ -373,11 +375,11 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     ci = _bootstrap_ci(diff, np.random.default_rng(seed))
     rand = env_info["random_policy_return"]
     best_final = max(float(final["dqn"].mean()), float(final["dqn_rc"].mean()))
-    checks.append(check_cmp("agents_beat_random_policy", "soft", best_final - rand, ">", 0.0,
+    checks.append(check_cmp("agents_beat_random_policy", "sanity", best_final - rand, ">", 0.0,
                             f"best arm's final greedy return over the random policy's {rand:.2f}"))
     r2s = [r["head_r2_last"] for r in runs["dqn_rc"] if r["head_r2_last"] is not None]
     if r2s:
-        checks.append(check_cmp("rc_head_beats_constant_on_catch", "soft", float(np.mean(r2s)), ">", 0.0,
+        checks.append(check_cmp("rc_head_beats_constant_on_catch", "sanity", float(np.mean(r2s)), ">", 0.0,
                                 "batch R² of the return head over its last 20 updates"))
     claims = [
         claim("rc_sample_efficiency", "Return-Critic raises return at equal environment steps (area under the "
@@ -385,7 +387,8 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
               f"mean AUC(DQN+RC) − AUC(DQN) over {cfg.seeds} seeds; 95 % bootstrap CI [{ci[0]:.3f}, {ci[1]:.3f}]"),
         claim("rc_relative_gain", "the paper's +68 % average gain (here: relative AUC gain over the baseline, "
               "returns shifted by the random policy's)", float(diff.mean() / max(abs(auc["dqn"].mean() - rand), 1e-9)),
-              ">=", 0.68),
+              ">=", 0.68, "the verdict is the platform's: a CI over run seeds, not the bootstrap above",
+              no_effect=0.0),
     ]
 
     import matplotlib
