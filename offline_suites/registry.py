@@ -96,7 +96,9 @@ def register_suite(
                                           for p in ("SMOKE", "FULL")):
         raise TypeError(f"suite {name!r}: {config.__name__} needs a field `null_method: bool = False` "
                         "(False in SMOKE and FULL) that swaps the method for its null variant")
-    if "run_seeds" not in fields or config.FULL.run_seeds < MIN_SEEDS or config.SMOKE.run_seeds < 1:
+    presets: Any = config               # SMOKE and FULL are class attributes, checked above to be instances
+    full, smoke = presets.FULL, presets.SMOKE
+    if "run_seeds" not in fields or full.run_seeds < MIN_SEEDS or smoke.run_seeds < 1:
         raise TypeError(f"suite {name!r}: {config.__name__} needs a field `run_seeds: int` (>= 1 in SMOKE, "
                         f">= {MIN_SEEDS} in FULL): a claim's verdict needs a CI over several seeds")
     unbounded = sorted(set(numeric_fields(config)) - set(getattr(config, "BOUNDS", {})))
