@@ -173,9 +173,11 @@ def test_provenance_records_the_door_to_the_model(tmp_path: Path) -> None:
 @dataclasses.dataclass(frozen=True)
 class _DoorCfg:
     null_method: bool = False
+    run_seeds: int = 1
     SMOKE: ClassVar[_DoorCfg]
     FULL: ClassVar[_DoorCfg]
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {"run_seeds": (1, 10)}
 
 
 _DoorCfg.SMOKE = _DoorCfg()
-_DoorCfg.FULL = _DoorCfg()
+_DoorCfg.FULL = _DoorCfg(run_seeds=3)
