@@ -85,7 +85,13 @@ def test_stop_sequence(server: str, model_id: str) -> None:
 
 def test_completions_echo_logprobs_for_lm_eval(server: str, model_id: str) -> None:
     client = openai.OpenAI(base_url=server + "/v1", api_key="x")
-    r = client.completions.create(model=model_id, prompt="The capital of France is Paris", max_tokens=0, echo=True, logprobs=1)
+    # log-likelihoods (lm-evaluation-harness): the prompt tokens' own log-probabilities are served while the
+    # guard is on; their top alternatives would spell out what the model would write, so they are refused
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model_id, prompt="The capital of France is Paris", max_tokens=0, echo=True,
+                                  logprobs=1)
+    assert e.value.code == "unsupported_with_guard"
+    r = client.completions.create(model=model_id, prompt="The capital of France is Paris", max_tokens=0, echo=True, logprobs=0)
     lp = r.choices[0].logprobs
     assert r.choices[0].text == "The capital of France is Paris"
     assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None
