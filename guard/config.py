@@ -24,7 +24,8 @@ class GuardSettings(BaseModel):
         default=None, description="Override the manifest's base model (HF folder or id); None = as built.")
     device: str = Field(default="cpu")
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
-        default=None, description="The monitored network's dtype; None = the dtype the monitors were fitted with.")
+        default=None, description="The monitored network's dtype; None = float32 (scores that do not depend on the "
+        "batch); bfloat16 is faster where the CPU has it natively.")
     hold_back: int = Field(default=1, ge=1, description="Generated tokens withheld until scored (>= 1).")
     prompt_threshold: float | None = Field(default=None, description="Override the calibrated prompt gate.")
     response_threshold: float | None = Field(default=None, description="Override the calibrated response gate.")

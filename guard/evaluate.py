@@ -447,7 +447,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
     import torch
 
     from guard import ladder as LD
-    from guard.hardware import serving_dtype
+    from guard.hardware import build_dtype
     from guard.recipe.cache import build_cache
     from guard.recipe.encode import encode_cached
     from guard.recipe.pipeline import PRESETS, fit_gate, is_benign_traffic, reference_gate
@@ -475,8 +475,8 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
                  "test": list(range(n_sel + n_cal, len(every)))}
     cand_layers = sorted(int(x) for x in prov["sae"]["per_layer"]) or [int(man["layer"])]
     use_layers = list(layers) if layers else cand_layers
-    model, tok, served = load_model_for(art, "lora", base_model)
-    dtype = serving_dtype(prov.get("dtype", man.get("dtype", "float32")))
+    dtype = build_dtype(prov.get("dtype", man.get("dtype", "float32")))
+    model, tok, served = load_model_for(art, "lora", base_model, dtype=dtype)
     from guard.recipe.pipeline import _file_hash
 
     lora_id = prov["base_model"] + f"|lora:{_file_hash(art / man['adapter'] / 'adapter_model.safetensors')}"

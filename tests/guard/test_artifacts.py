@@ -97,7 +97,7 @@ def test_sae_metrics_reproduce_on_held_out_text(tmp_path: Path) -> None:
 
     from guard.bundle import load_model_for, read_manifest
     from guard.evaluate import load_build_data
-    from guard.hardware import serving_dtype
+    from guard.hardware import build_dtype
     from guard.recipe.cache import bits_to_float, build_cache
     from guard.recipe.sae import training_rows
     from guard.sae import load_sae, sae_metrics
@@ -105,11 +105,11 @@ def test_sae_metrics_reproduce_on_held_out_text(tmp_path: Path) -> None:
     torch.set_num_threads(2)
     prov = _prov()
     layer = prov["layer"]
-    model, tok = load_model_for(ART, "lora")[:2]
+    dtype = build_dtype(read_manifest(ART)["dtype"])
+    model, tok = load_model_for(ART, "lora", dtype=dtype)[:2]
     test = load_build_data(ART)["test"]
     rng = np.random.default_rng(0)
     sub = [test[i] for i in sorted(rng.choice(len(test), 300, replace=False))]
-    dtype = serving_dtype(read_manifest(ART)["dtype"])
     cache = build_cache(model, tok, sub, [layer], tmp_path / "cache", model_id="test", max_tokens=prov["config"]["max_tokens"],
                         dtype=dtype)
     rows = training_rows(cache, layer, list(range(len(sub))), [s.response is not None for s in sub])
