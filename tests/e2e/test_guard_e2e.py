@@ -80,7 +80,12 @@ def test_cut_lands_exactly_where_the_score_crosses(server: str) -> None:
     # how tokens group into steps (engine delta timing) changes the GEMM shapes. In fp32 that moves a score by
     # about 1e-6 relative; the guard serves in bf16 where the CPU has it natively (8-bit mantissa), which moves
     # it by up to about 1e-2.
-    assert cut_risks == pytest.approx(risks[: len(cut_risks)], rel=tol, abs=tol)
+    # A released delta's tokens all carry the highest score of the guard tokens inside it, and the engine
+    # may group tokens into deltas differently in the two streams (it does under load): each score must be
+    # one of the first stream's scores at that token or a neighbour it may share a delta with.
+    for i, r in enumerate(cut_risks):
+        near = risks[max(0, i - 3): i + 4]
+        assert any(r == pytest.approx(x, rel=tol, abs=tol) for x in near), (i, r, near)
     assert text.startswith(cut_text) and len(cut_text) < len(text)
 
 
