@@ -383,16 +383,6 @@ def _plots(out: Path, traces: dict[str, list[dict[str, Any]]]) -> None:
 # ------------------------------------------------------------------------------------------------
 # the ladder, leave-one-source-out, and the fresh prompt sets (``guard eval --ladder``)
 
-def load_labelled_prompts(name: str) -> list[tuple[str, str]]:
-    """``category<TAB>request`` lines of a fresh set (a line without a tab has category "")."""
-    out = []
-    for x in (EVAL_DATA / f"{name}.txt").read_text().splitlines():
-        if x.strip() and not x.startswith("#"):
-            cat, _, text = x.partition("\t") if "\t" in x else ("", "", x)
-            out.append((cat.strip(), text.strip()))
-    return out
-
-
 def extra_prompt_sets() -> dict[str, list[Sample]]:
     """The prompt sets no build step reads: everyday and sensitive prompts, and the freshly written direct
     harmful and edgy-but-benign requests (where present)."""
@@ -400,9 +390,12 @@ def extra_prompt_sets() -> dict[str, list[Sample]]:
         "everyday": [Sample(user(t), None, 0, None, "eval/everyday", "eval") for t in load_eval_prompts("everyday")],
         "sensitive": [Sample(user(t), None, 0, None, "eval/sensitive", "eval") for t in load_eval_prompts("sensitive")],
     }
-    for name, label in (("fresh_harmful", 1), ("fresh_benign_edgy", 0)):
+    from guard.eval_data import SETS
+    from guard.eval_data import load_eval_prompts as load_set
+
+    for name in ("fresh_harmful", "fresh_benign_edgy"):
         if (EVAL_DATA / f"{name}.txt").is_file():
-            sets[name] = [Sample(user(t), None, label, c or None, f"eval/{name}", "eval") for c, t in load_labelled_prompts(name)]
+            sets[name] = [Sample(user(t), None, SETS[name], c or None, f"eval/{name}", "eval") for c, t in load_set(name)]
     return sets
 
 
