@@ -7,6 +7,8 @@ import httpx
 import openai
 import pytest
 
+from tests.e2e.scores import score_tolerance, threshold_in_gap
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PROMPT = [{"role": "user", "content": "Write two sentences about how to stay safe when hiking alone."}]
@@ -41,14 +43,6 @@ def test_server_is_guarded_by_default(server: str) -> None:
     assert ready["checks"]["guard"] is True
 
 
-def _served_dtype() -> str:
-    from guard.bundle import read_manifest
-    from guard.config import DEFAULT_ARTIFACTS_DIR
-    from guard.hardware import serving_dtype
-
-    return serving_dtype(read_manifest(DEFAULT_ARTIFACTS_DIR).get("dtype", "float32"))
-
-
 def test_cut_lands_exactly_where_the_score_crosses(server: str) -> None:
     client = openai.OpenAI(base_url=server + "/v1", api_key="x")
     model = client.models.list().data[0].id
@@ -60,11 +54,8 @@ def test_cut_lands_exactly_where_the_score_crosses(server: str) -> None:
     #    crossing at or after that point is where the guard must cut, and nothing from there on may be sent.
     #    The threshold sits in a gap of the scores wider than the served dtype's rounding, so that a score
     #    moved by re-association (see below) cannot cross it in one stream and not the other.
-    tol = 2e-2 if _served_dtype() == "bfloat16" else 1e-5
-    levels = sorted(set(risks[3:]), reverse=True)
-    gaps = [(hi, lo) for hi, lo in zip(levels, levels[1:], strict=False) if hi - lo > 4 * tol]
-    hi, lo = gaps[0] if gaps else (levels[0], levels[0] - 1.0)
-    thr = (hi + lo) / 2                                   # the cut rule is strict: g > thr
+    tol = score_tolerance()
+    thr = threshold_in_gap(risks, skip=3, tol=tol)       # the cut rule is strict: g > thr
     first = next(i for i, r in enumerate(risks) if r > thr)
     cut_text, cut_risks, _, cut_last = _stream(client, model, {"response_threshold": thr})
     assert cut_last is not None and cut_last.finish_reason == "content_filter"

@@ -40,6 +40,7 @@ from gateway.main import create_app
 from guard.api import GuardPolicy
 from tests.conftest import free_port
 from tests.doubles import ScriptedEngine, ScriptedGuard
+from tests.e2e.scores import threshold_in_gap
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts" / "playground"
@@ -436,11 +437,9 @@ def test_stream_cut_is_marked_with_category_and_features(open_page: Any, server:
     # the guard cuts it there; what is checked is how the page shows the server's cut.
     first = _send(pg, CUT_PROMPT, max_tokens=48)
     assert first.get_attribute("data-finish") in ("stop", "length"), first.inner_text()
-    risks = _risks(first.locator(".tok"))
-    k = max(range(3, len(risks)), key=lambda i: risks[i])
-    below = [r for r in risks if r < risks[k]]
-    thr = (risks[k] + max(below)) / 2 if below else risks[k] - 1.0
-    turn = _send(pg, CUT_PROMPT, response_threshold=f"{thr:.6f}", max_tokens=48)
+    # The threshold sits in a gap of the scores wider than their run-to-run movement (tests/e2e/scores.py).
+    thr = threshold_in_gap(_risks(first.locator(".tok")), skip=3)
+    turn = _send(pg, CUT_PROMPT, response_threshold=repr(thr), max_tokens=48)
     _shot(pg, "chat-cut.png")
     assert turn.get_attribute("data-state") == "done", turn.inner_text()
     assert turn.get_attribute("data-finish") == "content_filter"
