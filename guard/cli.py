@@ -62,6 +62,33 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refresh(args: argparse.Namespace) -> int:
+    import gzip
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from guard.recipe import data as DATA
+    from guard.recipe.pipeline import PRESETS, default_work_dir
+
+    cfg = _apply(PRESETS[args.preset], _parse_overrides(args.set))
+    src = Path(args.dataset)
+    ds = DATA.load_dataset(src)
+    work = Path(args.work_dir) if args.work_dir else default_work_dir(args.preset)
+    new = DATA.refresh_family(ds, args.family, cfg.data, work, model=args.base_model)
+    out = Path(args.out or src)
+    with tempfile.TemporaryDirectory() as tmp:
+        info = DATA.save_dataset(new, Path(tmp) / "data.jsonl")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.suffix == ".gz":
+            with open(Path(tmp) / "data.jsonl", "rb") as f_in, gzip.open(out, "wb", compresslevel=9) as f_out:
+                shutil.copyfileobj(f_in, f_out)
+        else:
+            shutil.copyfile(Path(tmp) / "data.jsonl", out)
+    sys.stdout.write(json.dumps({"out": str(out), "splits": info}) + "\n")
+    return 0
+
+
 # Sections that other layers add to ``guard eval`` (the gateway registers the everyday streams through a
 # real server): each gets the parsed arguments and the report so far and returns keys to merge in.
 EVAL_EXTENSIONS: list[Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]] = []
@@ -120,6 +147,15 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     b.add_argument("--commit-stages", action="store_true",
                    help="git-commit each finished stage's outputs (LoRA, SAEs, read-outs) so a cut build resumes elsewhere")
     b.set_defaults(func=_build)
+    r = gs.add_parser("refresh-data", help="regenerate one prompt family's rows of a dataset after its prompt list changed")
+    r.add_argument("family", help="the prompt family (sensitive)")
+    r.add_argument("--dataset", default=str(DEFAULT_ARTIFACTS / "data.jsonl.gz"))
+    r.add_argument("--out", default=None, help="where to write the new dataset (default: over --dataset)")
+    r.add_argument("--base-model", default=None, help="HF folder (default: the embedded SmolLM2)")
+    r.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a build setting (data.max_tokens=256)")
+    r.add_argument("--work-dir", default=None, help="where generated answers are cached for resuming")
+    r.set_defaults(func=_refresh)
     e = gs.add_parser("eval", help="sample-level F1, streaming timeliness, baselines; JSON + PNG report")
     e.add_argument("--artifacts", default=str(DEFAULT_ARTIFACTS))
     e.add_argument("--out", default="guard-eval")

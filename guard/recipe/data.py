@@ -308,6 +308,61 @@ def build_dataset(cfg: DataConfig, cache_dir: Path, model: str | None = None) ->
     return Dataset(parts, dict(sorted(src.items())))
 
 
+# Families a published dataset can be regenerated for on their own (their prompt list changed), without
+# regenerating the whole dataset: the prompt rows, the served model's answers to them, and the drift streams
+# that start with one of those answers.
+REFRESHABLE = {"sensitive": P.sensitive_prompts}
+
+
+def refresh_family(ds: Dataset, family: str, cfg: DataConfig, cache_dir: Path, model: str | None = None) -> Dataset:
+    """``ds`` with one prompt family's rows replaced by rows made from its current prompt list.
+
+    Each new prompt gets a prompt row (``templates/<family>``) and an answer by the served model
+    (``generator/benign/<family>``), greedy or sampled in the build's proportions; the drift streams whose
+    benign head came from the family are rebuilt on the new answers, as many as there were. Groups keep the
+    family's prefix, so the split of each new group follows the same hash rule as a full build."""
+    if family not in REFRESHABLE:
+        import difflib
+
+        close = difflib.get_close_matches(family, REFRESHABLE, n=1)
+        raise ValueError(f"unknown prompt family '{family}'" + (f"; did you mean '{close[0]}'?" if close else "")
+                         + f" (refreshable: {', '.join(sorted(REFRESHABLE))})")
+    prefix = f"{family}/"
+    old = ds.all()
+    drop = {f"templates/{family}", f"generator/benign/{family}"}
+
+    def from_family(s: Sample) -> bool:
+        return s.source in drop or (s.source == "constructed/drift" and s.group.startswith(prefix))
+
+    kept = [s for s in old if not from_family(s)]
+    n_drift = sum(1 for s in old if s.source == "constructed/drift" and s.group.startswith(prefix))
+    prompts = _cap(REFRESHABLE[family](cfg.seed), cfg)
+    rng = random.Random(f"{cfg.seed}|refresh|{family}")
+    reqs = []
+    rows: list[Sample] = []
+    for p in prompts:
+        conv = _with_system((("user", p.text),), rng, cfg.system_share)
+        rows.append(Sample(conv, None, 0, None, f"templates/{p.kind}", p.group))
+        t = 0.7 if rng.random() < cfg.sampled_share else 0.0
+        reqs.append(GenRequest(conv, "", t, cfg.max_tokens, cfg.seed,
+                               {"label": 0, "group": p.group, "kind": f"benign/{p.kind}", "category": None}))
+    res = generate(reqs, cache_dir / f"refresh-{family}.jsonl", concurrency=cfg.concurrency, model=model,
+                   backend=cfg.backend)
+    keys = {r.key() for r in reqs}
+    answers = _response_samples([v for k, v in res.items() if k in keys])
+    unsafe_bodies = [s for s in kept if s.gate == "response" and s.label == 1 and s.source != "constructed/drift"]
+    drift = drift_streams(answers, unsafe_bodies, n_drift, cfg.seed + 14)
+    parts: dict[str, list[Sample]] = {k: [] for k in SPLITS}
+    for s in kept:
+        parts[split_of(s.group, cfg.seed, cfg.splits)].append(s)
+    for s in sorted(rows + answers + drift, key=lambda s: s.key()):
+        parts[split_of(s.group, cfg.seed, cfg.splits)].append(s)
+    src = Counter(f"{s.source}|{s.gate}|{s.label}" for v in parts.values() for s in v)
+    log.info("refreshed %s: %d prompt rows, %d answers, %d drift streams (dropped %d rows)", family, len(rows),
+             len(answers), len(drift), len(old) - len(kept))
+    return Dataset(parts, dict(sorted(src.items())))
+
+
 def save_dataset(ds: Dataset, path: Path) -> dict[str, Any]:
     """One JSON line per sample with its split; returns per-split counts and hashes for provenance."""
     path.parent.mkdir(parents=True, exist_ok=True)
