@@ -23,7 +23,7 @@ def _parse_overrides(items: list[str] | None) -> dict[str, Any]:
 
 
 def _apply(cfg: Any, overrides: dict[str, Any]) -> Any:
-    """Overrides with dotted keys into the nested build config (``head.window=32``, ``data.n_everyday=100``)."""
+    """Overrides with dotted keys into the nested build config (``head.l2=0.001``, ``data.n_everyday=100``)."""
     from dataclasses import fields, is_dataclass, replace
 
     out = cfg
@@ -140,7 +140,7 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     b.add_argument("--base-model", default=None, help="HF folder (default: the embedded SmolLM2)")
     b.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
     b.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a build setting, dotted for nested ones (head.window=32, data.n_everyday=100)")
+                   help="override a build setting, dotted for nested ones (head.l2=0.001, data.n_everyday=100)")
     b.add_argument("--dataset", default=None,
                    help="reuse a dataset file (e.g. a published data.jsonl.gz) instead of generating answers")
     b.add_argument("--work-dir", default=None, help="stage outputs kept for resuming (default $NEXTGUARD_HOME/guard-build/<preset>)")

@@ -48,8 +48,14 @@ class BuildConfig:
     safeguard: SafeguardConfig = field(default_factory=SafeguardConfig)
     sae: SAEConfig = field(default_factory=SAEConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
-    # variants compared on the calibration split for the chosen layer: (window, min_count, l1)
-    head_grid: tuple[tuple[int, int, float], ...] = ((16, 4, 3e-3), (32, 8, 3e-3), (16, 4, 1e-3))
+    # read-out variants compared on the calibration split for the chosen layer, per gate:
+    # (window, min_count, l1, max_latents). The prompt gate reads the whole request before anything is
+    # generated, so its variants include windows that span a typical request and more latents; the response
+    # gate's windows stay short so that a cut lands soon after an unsafe part starts.
+    prompt_head_grid: tuple[tuple[int, int, float, int], ...] = (
+        (16, 4, 3e-3, 64), (64, 8, 1e-3, 128), (256, 8, 1e-3, 256))
+    response_head_grid: tuple[tuple[int, int, float, int], ...] = (
+        (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128))
     budget_prompt: float = 0.02      # share of benign prompts the prompt gate may refuse (calibration split)
     budget_response: float = 0.02    # share of full-length benign answers the response gate may cut
     max_tokens: int = 2048           # guard context used for fitting (longer conversations keep their end)
@@ -85,7 +91,8 @@ SMOKE = BuildConfig(
     sae=SAEConfig(layers=(1, 2), width=128, k=8, token_passes=12_000, batch=256, warmup_steps=2, dead_tokens=2_000,
                   eval_every=10, heldout_tokens=2_000),
     head=HeadConfig(window=4, min_count=2, max_latents=8, candidates=64, steps=20, refit_steps=10, max_density=0.5, min_samples=1),
-    head_grid=((4, 2, 3e-3),), max_tokens=256, category_latents=4, min_category_samples=2, probe_layers=(0,),
+    prompt_head_grid=((4, 2, 3e-3, 8),), response_head_grid=((4, 2, 3e-3, 8),), max_tokens=256, category_latents=4,
+    min_category_samples=2, probe_layers=(0,),
     sae_heldout_tokens=4_000, dtype="float32")
 PRESETS = {"cpu": CPU, "smoke": SMOKE}
 
@@ -186,18 +193,21 @@ def reference_gate(td_sel: TokenData, sel: list[Sample], td_cal: TokenData, cal:
 
 def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_cal: dict[str, TokenData],
                 cal: dict[str, list[Sample]], cfg: BuildConfig, grid: bool) -> tuple[dict[str, GateFit], dict[str, Any]]:
-    """Both gates; with ``grid`` the pooling/sparsity variants of ``cfg.head_grid`` are compared on the
+    """Both gates; with ``grid`` the pooling/sparsity variants of the gate's grid are compared on the
     calibration split (recall at the budget, then average precision) and the best one kept per gate."""
     fits: dict[str, GateFit] = {}
     report: dict[str, Any] = {}
     for gate in GATES:
         budget = cfg.budget_prompt if gate == "prompt" else cfg.budget_response
-        variants = [replace(cfg.head, window=w, min_count=m, l1=l1) for w, m, l1 in cfg.head_grid] if grid else [cfg.head]
+        grid_of = cfg.prompt_head_grid if gate == "prompt" else cfg.response_head_grid
+        variants = [replace(cfg.head, window=int(v[0]), min_count=int(v[1]), l1=float(v[2]), max_latents=int(v[3]))
+                    for v in grid_of] if grid else [cfg.head]
         tried = []
         best: GateFit | None = None
         for hc in variants:
             f = fit_gate(gate, td_sel[gate], sel[gate], td_cal[gate], cal[gate], hc, budget, cfg, categories=False)
-            tried.append({"window": hc.window, "min_count": hc.min_count, "l1": hc.l1, "recall": f.calib["recall"],
+            tried.append({"window": hc.window, "min_count": hc.min_count, "l1": hc.l1, "max_latents": hc.max_latents,
+                          "recall": f.calib["recall"],
                           "average_precision": f.calib["average_precision"], "n_latents": len(f.spec.overall.ids)})
             if best is None or (f.calib["recall"], f.calib["average_precision"]) > (best.calib["recall"], best.calib["average_precision"]):
                 best = f
@@ -205,7 +215,7 @@ def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_c
         if grid:
             # the category read-outs (which only name a cut) for the chosen variant alone
             hc = replace(cfg.head, window=best.spec.pooling.window, min_count=best.spec.pooling.min_count,
-                         l1=float(best.spec.overall.info["l1"]))
+                         l1=float(best.spec.overall.info["l1"]), max_latents=int(best.spec.overall.info["max_latents"]))
             best = fit_gate(gate, td_sel[gate], sel[gate], td_cal[gate], cal[gate], hc, budget, cfg,
                             head=best.spec.overall)
         fits[gate] = best
@@ -322,6 +332,13 @@ def _commit(paths: list[Path], message: str, enabled: bool) -> None:
     log.warning("stage outputs left uncommitted: %s", message)
 
 
+def default_work_dir(preset: str) -> Path:
+    """Where a build keeps stage outputs for resuming (machine-local: residual caches, generated answers)."""
+    from inference.embedded import nextguard_home
+
+    return nextguard_home() / "guard-build" / preset
+
+
 def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None = None, preset: str = "cpu",
           work_dir: str | Path | None = None, overrides: dict[str, Any] | None = None,
           dataset: str | Path | None = None, commit_stages: bool = False) -> dict[str, Any]:
@@ -352,11 +369,7 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     torch.manual_seed(cfg.seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if work_dir is None:
-        from inference.embedded import nextguard_home
-
-        work_dir = nextguard_home() / "guard-build" / preset
-    work = Path(work_dir)
+    work = Path(work_dir) if work_dir is not None else default_work_dir(preset)
     work.mkdir(parents=True, exist_ok=True)
     embedded = base_model is None
     if base_model is None:
@@ -531,7 +544,7 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
 
     # 6. layer choice: the default read-out on each layer, compared on the calibration split
     prog.start("layer_choice")
-    fit_key = _hash([sae_key, asdict(cfg.head), cfg.head_grid, cfg.budget_prompt, cfg.budget_response,
+    fit_key = _hash([sae_key, asdict(cfg.head), cfg.prompt_head_grid, cfg.response_head_grid, cfg.budget_prompt, cfg.budget_response,
                      cfg.category_latents, cfg.min_category_samples, data_info["select"]["sha256"],
                      data_info["calib"]["sha256"]])
     lc_file = work / f"layer_choice-{fit_key}.json"

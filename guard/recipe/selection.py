@@ -212,7 +212,7 @@ def fit_head(td: TokenData, y: np.ndarray, cfg: HeadConfig, *, benign_tokens: To
     head = Head(ids=ids, weights=[float(w2[i]) for i in keep], scales=[float(scales[j]) for j in ids], bias=float(b2),
                 clip=cfg.clip, category=category,
                 info={"rule": "sparse pooled read-out, multiple-instance fit on sample labels", "window": cfg.window,
-                      "min_count": cfg.min_count, "l1": cfg.l1, "candidates": len(cand),
+                      "min_count": cfg.min_count, "l1": cfg.l1, "max_latents": k, "candidates": len(cand),
                       "dense_dropped": int((dens > cfg.max_density).sum()), "loss_l1_fit": losses,
                       "loss_refit": losses2, "seconds": time.time() - t0})
     log.info("head %s: %d latents (%d candidates), loss %.4f -> %.4f, %.0fs", category, len(ids), len(cand),
