@@ -139,3 +139,44 @@ def test_dilution_forms_keep_every_word():
     assert len(forms["split_turns"]) == 3 and all(r == "user" for r, _ in forms["split_turns"])
     assert forms["tool_message"][-1] == ("tool", text) and forms["assistant_prefill"][-1] == ("assistant", text)
     assert len(forms["filler"][0][1].split()) > len(text.split())
+
+
+def test_refresh_data_replaces_one_family_and_nothing_else(built, monkeypatch):
+    from collections import Counter
+
+    from guard.recipe import data as DATA
+    from guard.recipe.pipeline import SMOKE
+    from guard.recipe.prompts import Prompt
+
+    d, _ = built
+    ds = DATA.load_dataset(d / "art" / "data.jsonl.gz")
+    old = ds.all()
+
+    def fam(s):
+        return s.source in ("templates/sensitive", "generator/benign/sensitive") or (
+            s.source == "constructed/drift" and s.group.startswith("sensitive/"))
+
+    assert any(fam(s) for s in old)
+    new_texts = ["How do I descale a kettle that has gone chalky?", "What does a circuit breaker trip mean at home?"]
+    monkeypatch.setitem(DATA.REFRESHABLE, "sensitive", lambda seed: [
+        Prompt(t, 0, "sensitive", f"sensitive/test/{i}") for i, t in enumerate(new_texts)])
+    cfg = SMOKE.data
+    new = DATA.refresh_family(ds, "sensitive", cfg, d / "work-refresh", model=str(d / "model"))
+    rows = new.all()
+    # every row outside the family is kept as it was, in the split its group hashes to
+    assert Counter(s.key() for s in rows if not fam(s)) == Counter(s.key() for s in old if not fam(s))
+    for split, ss in new.splits.items():
+        assert all(DATA.split_of(s.group, cfg.seed, cfg.splits) == split for s in ss)
+    # the family's prompt rows are exactly the new list; its answers answer those prompts, by the model
+    prompts = [s for s in rows if s.source == "templates/sensitive"]
+    assert sorted(s.conv[-1][1] for s in prompts) == sorted(new_texts)
+    answers = [s for s in rows if s.source == "generator/benign/sensitive"]
+    assert answers and {s.conv[-1][1] for s in answers} <= set(new_texts)
+    assert all(s.label == 0 and s.response for s in answers)
+    # drift streams that started with an old answer are rebuilt on the new answers, as many as there were
+    n_old = sum(1 for s in old if s.source == "constructed/drift" and s.group.startswith("sensitive/"))
+    drift = [s for s in rows if s.source == "constructed/drift" and s.group.startswith("sensitive/")]
+    assert len(drift) == n_old and all(s.group.startswith("sensitive/test/") for s in drift)
+    assert all(any(s.response.startswith(a.response.strip()[:20]) for a in answers) for s in drift)
+    with pytest.raises(ValueError, match="did you mean 'sensitive'"):
+        DATA.refresh_family(ds, "sensitve", cfg, d / "work-refresh")
