@@ -429,7 +429,8 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
                 import copy
 
                 val = [cal[i] for i in sorted(rng.choice(len(cal), min(cfg.safeguard.n_val, len(cal)), replace=False))]
-                pm, sg_m = train_safeguard(copy.deepcopy(base), tok, sel, val, cfg.safeguard)
+                pm, sg_m = train_safeguard(copy.deepcopy(base), tok, sel, val, cfg.safeguard,
+                                           progress=lambda d, n: prog.update("safeguard", d / n))
                 pm.save_pretrained(str(wl))
                 (wl / "build.json").write_text(json.dumps({"key": sg_key, "base_model": base_id, "metrics": sg_m},
                                                           indent=1))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,8 +104,11 @@ def _val_loss(model: Any, tok: Any, val: Sequence[Sample], cfg: SafeguardConfig,
 
 
 def train_safeguard(base: Any, tok: Any, train: Sequence[Sample], val: Sequence[Sample],
-                    cfg: SafeguardConfig) -> tuple[Any, dict[str, Any]]:
-    """LoRA fine-tune with early stopping on ``val``; returns (peft model with the best adapter, metrics)."""
+                    cfg: SafeguardConfig, progress: Callable[[int, int], None] | None = None,
+                    ) -> tuple[Any, dict[str, Any]]:
+    """LoRA fine-tune with early stopping on ``val``; returns (peft model with the best adapter, metrics).
+    ``progress(step, max_steps)`` after every step: an ETA from it is an upper bound, since validation
+    usually stops the run early."""
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -141,6 +144,8 @@ def train_safeguard(base: Any, tok: Any, train: Sequence[Sample], val: Sequence[
         opt.step()
         sched.step()
         train_losses.append(float(loss.detach()))
+        if progress is not None:
+            progress(step, cfg.max_steps)
         if step % cfg.eval_every == 0:
             pm.eval()
             vl = _val_loss(inner, tok, val, cfg, vid)
