@@ -379,8 +379,14 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     base_id = "embedded" if embedded else str(base_model)
     layers = tuple(sorted(set(cfg.sae.layers)))
     cache_layers = tuple(sorted(set(layers) | set(cfg.probe_layers)))
-    prog = Progress({"data": 1, "safeguard": 1, "cache": 25, "sae": 40, "encode": 6, "layer_choice": 4,
-                     "monitor_lora": 4, "cache_base": 12, "monitor_base": 4, "posthoc": 3})
+    # Rough minutes per stage measured on the 2-core CPU preset, for the overall ETA; a stage that will be
+    # skipped or reused weighs (almost) nothing, so the ETA is not dominated by work that will not run.
+    retrain = cfg.safeguard.max_steps > 0 and (cfg.retrain_safeguard or not (out / "lora" / "adapter_config.json").is_file())
+    base_on = "base" in cfg.monitored or cfg.safeguard.max_steps == 0
+    prog = Progress({"data": 1 if dataset is not None else 60, "safeguard": 22 if retrain else 0.2, "cache": 14,
+                     "sae": 15 * len(layers) if cfg.sae_source is None else 1, "encode": 3, "layer_choice": 2,
+                     "monitor_lora": 15 if "lora" in cfg.monitored else 0, "cache_base": 13 if base_on else 0,
+                     "monitor_base": 15 if base_on else 0, "posthoc": 3})
     timings: dict[str, float] = {}
     t_all = time.time()
     old_prov = json.loads((out / "provenance.json").read_text()) if (out / "provenance.json").is_file() else {}
