@@ -1,5 +1,7 @@
 # nextguard gateway image. CPU by default; GPU (CUDA vLLM) with --build-arg DEVICE=gpu and run with
 # `--gpus all` (the NVIDIA container toolkit supplies the driver; CUDA libraries come with the wheels).
+# `docker run` needs `--shm-size=1g` (as docker-compose.yml sets): vLLM's engine shares a 160 MiB ring buffer
+# in /dev/shm, 64 MiB by default in a container.
 # PYTHON_IMAGE: any Debian bookworm image with python3.11 (+ venv and headers); the public one by default.
 # The compose test builds its own from Debian's packages (scripts/docker_images.sh) where no registry is reachable.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm

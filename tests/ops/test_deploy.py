@@ -40,6 +40,10 @@ def test_compose_structure() -> None:
     # one Redis, with the password from .env (required: compose refuses to start without it)
     assert re.fullmatch(r"redis://:\$\{NEXTGUARD_REDIS_PASSWORD:\?[^}]*\}@redis:6379/0", env["NEXTGUARD_REDIS__URL"])
     assert gw["stop_signal"] == "SIGTERM" and int(gw["stop_grace_period"].rstrip("s")) > 30
+    # vLLM's engine needs a 160 MiB ring buffer in /dev/shm (64 MiB in a container unless raised)
+    for name in ("gateway", "gateway-b"):
+        size = services[name]["shm_size"]
+        assert size.endswith("gb") and int(size[:-2]) >= 1, (name, size)
     # grafana gets the datasource, the dashboard provider and the dashboards mounted from the repo
     for vol in services["grafana"]["volumes"]:
         src = vol.split(":")[0]
