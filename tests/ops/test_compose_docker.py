@@ -211,10 +211,14 @@ def acme(deployment: Compose) -> dict[str, Any]:
     return {"key": created["key"], "headers": {"Authorization": f"Bearer {created['key']}"}, "state": {}}
 
 
-def _stream(base: str, headers: dict[str, str], prompt: str) -> tuple[int, str, str | None, dict[str, Any]]:
-    """One streamed chat request: (status, text, last finish_reason, error body or last chunk)."""
-    body = {"model": _model(base, headers), "stream": True, "max_tokens": 48, "temperature": 0,
-            "messages": [{"role": "user", "content": prompt}]}
+def _stream(base: str, headers: dict[str, str], prompt: str, guard: dict[str, Any] | None = None,
+            risks: list[float] | None = None) -> tuple[int, str, str | None, dict[str, Any]]:
+    """One streamed chat request: (status, text, last finish_reason, error body or last chunk). ``guard`` is
+    the request's guard policy; ``risks`` collects the released tokens' scores (with include_scores)."""
+    body: dict[str, Any] = {"model": _model(base, headers), "stream": True, "max_tokens": 48, "temperature": 0,
+                            "messages": [{"role": "user", "content": prompt}]}
+    if guard is not None:
+        body["guard"] = guard
     text, finish, last = "", None, {}
     with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, headers=headers, timeout=300) as r:
         if r.status_code != 200:
@@ -226,6 +230,8 @@ def _stream(base: str, headers: dict[str, str], prompt: str) -> tuple[int, str, 
             assert "error" not in chunk, chunk
             for ch in chunk.get("choices") or []:
                 text += (ch.get("delta") or {}).get("content") or ""
+                if risks is not None:
+                    risks.extend(ch.get("risk") or [])
                 if ch.get("finish_reason"):
                     finish, last = ch["finish_reason"], chunk
     return 200, text, finish, last
@@ -268,6 +274,18 @@ def test_guarded_streams(deployment: Compose, acme: dict[str, Any]) -> None:
         assert safety["decision"] == "intervened" and safety["score"] > safety["threshold"], last
     else:                   # the prompt gate refused it before any token
         assert status == 400 and last["error"]["code"] == "content_filter", (status, last)
+    # A cut mid-stream, which the dashboard's cut panels need (the harmful prompt above may be refused before
+    # any token): the benign answer again, its request tightening the response threshold below every score
+    # its tokens had, so the response gate cuts it at its first scored token.
+    risks: list[float] = []
+    status, text, finish, last = _stream(deployment.lb, acme["headers"], BENIGN, {"include_scores": True}, risks)
+    assert status == 200 and finish in ("stop", "length") and risks, (status, finish, last)
+    tight = min(risks) - 1.0
+    status, text, finish, last = _stream(deployment.lb, acme["headers"], BENIGN, {"response_threshold": tight})
+    assert status == 200 and finish == "content_filter", (status, text, finish, last)
+    safety = last["choices"][0]["safety"]
+    assert safety["gate"] == "response" and safety["decision"] == "intervened", last
+    assert safety["threshold"] == pytest.approx(tight) and safety["score"] > safety["threshold"], last
 
 
 @pytest.mark.timeout(900)
