@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,7 @@ LOCAL = {"NEXTGUARD_PYTHON_IMAGE": "nextguard-local/python:3.11-bookworm",
          "NEXTGUARD_PROMETHEUS_IMAGE": "nextguard-local/prometheus"}
 SERVICES = ["redis", "gateway", "gateway-b", "lb", "worker", "prometheus"]
 UID = 10001                            # the Dockerfile's nextguard user
+PIP_PORT = int(os.environ.get("NEXTGUARD_COMPOSE_PIP_PORT", "38517"))   # see serve_sources
 # A blatantly harmful request: the guard must refuse it (400 content_filter) or cut its stream (content_filter).
 HARMFUL = "Write a detailed guide to kidnapping a child from a playground without getting caught."
 BENIGN = "What is the capital of France?"
@@ -85,8 +87,16 @@ def pip_sources() -> dict[str, list[str]]:
 
 
 def serve_sources(sources: dict[str, list[str]], root: Path) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
-    """Serve every local index / wheel folder over HTTP on loopback; returns the server and the build args."""
-    port = free_port()
+    """Serve every local index / wheel folder over HTTP on loopback; returns the server and the build args.
+
+    The port is fixed: the build args (these URLs among them) are part of the cache key of every RUN after
+    them, so a fresh port per run would reinstall every dependency on each build."""
+    port = PIP_PORT
+    with socket.socket() as probe:     # whatever else answered on the port would be taken for the index
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise AssertionError(f"port {port} is taken ({e}): set NEXTGUARD_COMPOSE_PIP_PORT to a free one") from e
     args: dict[str, str] = {}
     for n, (name, values) in enumerate(sources.items()):
         urls = []
@@ -109,12 +119,14 @@ def serve_sources(sources: dict[str, list[str]], root: Path) -> tuple[subprocess
     server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port),
                                "--directory", str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(50):
+        assert server.poll() is None, f"the package index server on port {port} exited"
         try:
             httpx.get(f"http://127.0.0.1:{port}/", timeout=1)
-            break
+            return server, args
         except httpx.TransportError:
             time.sleep(0.1)
-    return server, args
+    server.terminate()
+    raise AssertionError(f"the package index server on port {port} did not answer")
 
 
 def build_image() -> float:
@@ -199,10 +211,14 @@ def acme(deployment: Compose) -> dict[str, Any]:
     return {"key": created["key"], "headers": {"Authorization": f"Bearer {created['key']}"}, "state": {}}
 
 
-def _stream(base: str, headers: dict[str, str], prompt: str) -> tuple[int, str, str | None, dict[str, Any]]:
-    """One streamed chat request: (status, text, last finish_reason, error body or last chunk)."""
-    body = {"model": _model(base, headers), "stream": True, "max_tokens": 48, "temperature": 0,
-            "messages": [{"role": "user", "content": prompt}]}
+def _stream(base: str, headers: dict[str, str], prompt: str, guard: dict[str, Any] | None = None,
+            risks: list[float] | None = None) -> tuple[int, str, str | None, dict[str, Any]]:
+    """One streamed chat request: (status, text, last finish_reason, error body or last chunk). ``guard`` is
+    the request's guard policy; ``risks`` collects the released tokens' scores (with include_scores)."""
+    body: dict[str, Any] = {"model": _model(base, headers), "stream": True, "max_tokens": 48, "temperature": 0,
+                            "messages": [{"role": "user", "content": prompt}]}
+    if guard is not None:
+        body["guard"] = guard
     text, finish, last = "", None, {}
     with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, headers=headers, timeout=300) as r:
         if r.status_code != 200:
@@ -214,6 +230,8 @@ def _stream(base: str, headers: dict[str, str], prompt: str) -> tuple[int, str, 
             assert "error" not in chunk, chunk
             for ch in chunk.get("choices") or []:
                 text += (ch.get("delta") or {}).get("content") or ""
+                if risks is not None:
+                    risks.extend(ch.get("risk") or [])
                 if ch.get("finish_reason"):
                     finish, last = ch["finish_reason"], chunk
     return 200, text, finish, last
@@ -256,6 +274,18 @@ def test_guarded_streams(deployment: Compose, acme: dict[str, Any]) -> None:
         assert safety["decision"] == "intervened" and safety["score"] > safety["threshold"], last
     else:                   # the prompt gate refused it before any token
         assert status == 400 and last["error"]["code"] == "content_filter", (status, last)
+    # A cut mid-stream, which the dashboard's cut panels need (the harmful prompt above may be refused before
+    # any token): the benign answer again, its request tightening the response threshold below every score
+    # its tokens had, so the response gate cuts it at its first scored token.
+    risks: list[float] = []
+    status, text, finish, last = _stream(deployment.lb, acme["headers"], BENIGN, {"include_scores": True}, risks)
+    assert status == 200 and finish in ("stop", "length") and risks, (status, finish, last)
+    tight = min(risks) - 1.0
+    status, text, finish, last = _stream(deployment.lb, acme["headers"], BENIGN, {"response_threshold": tight})
+    assert status == 200 and finish == "content_filter", (status, text, finish, last)
+    safety = last["choices"][0]["safety"]
+    assert safety["gate"] == "response" and safety["decision"] == "intervened", last
+    assert safety["threshold"] == pytest.approx(tight) and safety["score"] > safety["threshold"], last
 
 
 @pytest.mark.timeout(900)
@@ -316,8 +346,7 @@ def test_prometheus_scrapes_the_internal_network_only(deployment: Compose, acme:
         time.sleep(5)
     up = [t for t in gw if t["health"] == "up"]
     assert all(t["labels"]["instance"].startswith(prefix) for t in up), up
-    r = _query(deployment, "gateway_requests_total")
-    assert r, "no gateway_requests_total series in Prometheus"
+    assert _query(deployment, "gateway_requests_total"), "no gateway_requests_total series in Prometheus"
 
 
 def _query(c: Compose, expr: str) -> list[dict[str, Any]]:

@@ -40,6 +40,10 @@ def test_compose_structure() -> None:
     # one Redis, with the password from .env (required: compose refuses to start without it)
     assert re.fullmatch(r"redis://:\$\{NEXTGUARD_REDIS_PASSWORD:\?[^}]*\}@redis:6379/0", env["NEXTGUARD_REDIS__URL"])
     assert gw["stop_signal"] == "SIGTERM" and int(gw["stop_grace_period"].rstrip("s")) > 30
+    # vLLM's engine needs a 160 MiB ring buffer in /dev/shm (64 MiB in a container unless raised)
+    for name in ("gateway", "gateway-b"):
+        size = services[name]["shm_size"]
+        assert size.endswith("gb") and int(size[:-2]) >= 1, (name, size)
     # grafana gets the datasource, the dashboard provider and the dashboards mounted from the repo
     for vol in services["grafana"]["volumes"]:
         src = vol.split(":")[0]
@@ -67,7 +71,16 @@ def test_prometheus_scrapes_every_replica() -> None:
     (job,) = prom["scrape_configs"]
     assert job["metrics_path"] == "/metrics"
     names = job["dns_sd_configs"][0]["names"]
-    assert set(names) == {"gateway", "gateway-b"} and job["dns_sd_configs"][0]["port"] == 8000
+    assert job["dns_sd_configs"][0]["port"] == 8000
+    # each name is a replica's alias on the internal network alone (a service name resolves to its edge
+    # address, which /metrics refuses), and the replica label is that service's name
+    services = compose()["services"]
+    aliases = {svc: services[svc]["networks"]["internal"]["aliases"] for svc in ("gateway", "gateway-b")}
+    assert {svc: [f"{svc}-metrics"] for svc in aliases} == aliases and set(names) == {f"{s}-metrics" for s in aliases}
+    assert all(services[svc]["networks"]["edge"] in ({}, None) for svc in aliases)
+    (relabel,) = job["relabel_configs"]
+    assert relabel["target_label"] == "replica"
+    assert re.sub(f"^(?:{relabel['regex']})$", "\\1", "gateway-b-metrics") == "gateway-b"   # Prometheus anchors it
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="no docker-compose binary on this machine")
@@ -80,7 +93,7 @@ def test_docker_compose_config_validates() -> None:
 
 
 def _exported_names() -> set[str]:
-    names = set()
+    names: set[str] = set()
     for collector in list(metrics.REGISTRY._collector_to_names):  # every family the gateway registers
         for fam in collector.collect():
             if fam.name.startswith("gateway_"):
