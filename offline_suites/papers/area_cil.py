@@ -18,7 +18,7 @@ shared residual map A, logits s·cos(A f + B_c S_τ f, g_c) over every seen clas
 replay of old classes, and entropic optimal-transport routing of test features to task attribute manifolds
 (μ_c and exp_{μ_c}(±σ_k b_k)). Baselines: sequential fine-tuning of a cosine head (no replay), the same with
 an exemplar memory (replay), nearest class mean. Reported: accuracy matrix, average incremental accuracy
-Ā, last accuracy, forgetting. ``null_method`` replaces the PGA anchors by random orthonormal tangent bases.
+Ā, last accuracy, forgetting. The null method replaces the PGA anchors by random orthonormal tangent bases.
 """
 
 from __future__ import annotations
@@ -31,7 +31,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from offline_suites.base import Check, Claim, RunContext, SuiteResult, check_cmp, claim, set_threads
+from offline_suites.base import (
+    Check,
+    Claim,
+    Method,
+    RunContext,
+    SuiteResult,
+    check_cmp,
+    claim,
+    method_impl,
+    set_threads,
+)
 from offline_suites.registry import register_suite
 
 GUARD_DATA = Path(__file__).resolve().parents[2] / "guard" / "artifacts" / "data.jsonl.gz"
@@ -60,7 +70,7 @@ class Config:
     ot_eps: float = 0.05
     ot_iters: int = 500
     max_pga_angle_deg: float = 10.0
-    null_method: bool = False
+    method: str = "area"                    # a name in METHODS; "null": AREA with random anchors
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "run_seeds": (1, 20),
@@ -71,6 +81,7 @@ class Config:
         "pseudo_per_class": (0, 1000), "memory_per_class": (0, 1000), "ot_eps": (1e-3, 10.0),
         "ot_iters": (1, 100_000), "max_pga_angle_deg": (0.0, 90.0)}
 
+    METHODS: ClassVar[dict[str, Method]]
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
@@ -314,8 +325,6 @@ class Area:
     def anchors(self, c: int) -> None:
         x = self.s.xtr[self.s.ytr == c]
         mu, b, sig = pga(x, self.cfg.attributes)
-        if self.cfg.null_method:
-            b = random_tangent_basis(mu, self.cfg.attributes, self.rng)
         self.mu[c], self.basis[c], self.sigma[c] = mu, b, sig
         # Gaussian of the frozen features for pseudo-replay, kept as (mean, Cholesky factor)
         self.stats[c] = (x.mean(0), np.linalg.cholesky(np.cov(x.T) + 1e-4 * np.eye(x.shape[1])))
@@ -390,8 +399,16 @@ class Area:
         return out
 
 
+class RandomAnchorArea(Area):
+    """The null method: AREA with random orthonormal tangent bases in place of the PGA anchors."""
+
+    def anchors(self, c: int) -> None:
+        super().anchors(c)
+        self.basis[c] = random_tangent_basis(self.mu[c], self.cfg.attributes, self.rng)
+
+
 def run_area(s: Stream, cfg: Config, seed: int) -> tuple[list[list[float]], Area, dict[str, float]]:
-    area = Area(s, cfg, seed)
+    area: Area = method_impl(cfg)(s, cfg, seed)
     acc = []
     route_acc = []
     for t in range(int(s.task_of.max()) + 1):
@@ -413,8 +430,13 @@ def summarise(acc: list[list[float]], sizes: np.ndarray) -> dict[str, float]:
 
 
 # -------------------------------------------------------------------------------------------- run
-@register_suite("area-cil", version=1, config=Config,
-                null_method="the PGA attribute anchors are replaced by random orthonormal tangent bases")
+Config.METHODS = {
+    "area": Method("AREA: PGA anchors, task experts with pseudo-feature replay, OT routing", Area),
+    "null": Method("the PGA attribute anchors are replaced by random orthonormal tangent bases", RandomAnchorArea),
+}
+
+
+@register_suite("area-cil", version=1, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     from threadpoolctl import threadpool_limits
 

@@ -10,7 +10,7 @@ read-out's attention over the K frames raises those transitions' replay prioriti
 DQN with neither. Hard checks gate the environment (determinism, reward accounting), the auxiliary target
 (equal to the discounted return computed directly) and the head itself on a key-frame diagnostic (the return is
 written into one frame of K; the head must regress it and attend to that frame). The sample-efficiency gain is a
-claim with seeds and a bootstrap interval. ``null_method`` is the baseline itself: no return head (the head
+claim with seeds and a bootstrap interval. The null method is the baseline itself: no return head (the head
 stays untrained), uniform replay.
 """
 
@@ -23,12 +23,14 @@ import numpy as np
 
 from offline_suites.base import (
     Check,
+    Method,
     RunContext,
     SuiteResult,
     check_close,
     check_cmp,
     check_equal,
     claim,
+    method_impl,
     set_threads,
 )
 from offline_suites.registry import register_suite
@@ -58,7 +60,7 @@ class Config:
     diag_steps: int = 150            # key-frame diagnostic training steps
     diag_min_r2: float = 0.9
     diag_min_keyframe_hit: float = 0.8
-    null_method: bool = False        # the baseline: no return head, uniform replay
+    method: str = "return-critic"    # a name in METHODS; "null": the baseline agent itself
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "run_seeds": (1, 20),
@@ -69,6 +71,7 @@ class Config:
         "rc_every": (1, 100), "prio_alpha": (0.0, 1.0), "diag_steps": (0, 100_000), "diag_min_r2": (-1.0, 1.0),
         "diag_min_keyframe_hit": (0.0, 1.0)}
 
+    METHODS: ClassVar[dict[str, Method]]
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
@@ -76,6 +79,18 @@ class Config:
 Config.SMOKE = Config()
 Config.FULL = Config(run_seeds=3, seeds=4, env_steps=4000, warmup=200, eps_decay_steps=2000, eval_every=400, eval_episodes=5,
                      diag_steps=400)
+
+
+@dataclass(frozen=True)
+class Agent:
+    """What an agent adds to DQN: the return-prediction head (trained through the shared encoder) and
+    replay prioritised by the head's attention."""
+
+    return_head: bool
+    prioritised: bool
+
+
+BASELINE = Agent(return_head=False, prioritised=False)
 
 
 # ----------------------------------------------------------------------------------- environment
@@ -157,10 +172,11 @@ def _r2(pred: np.ndarray, y: np.ndarray) -> float:
     return 1.0 - float(np.sum((pred - y) ** 2)) / ss if ss > 0 else float("nan")
 
 
-def keyframe_diagnostic(cfg: Config, seed: int) -> dict[str, float]:
+def keyframe_diagnostic(cfg: Config, agent: Agent, seed: int) -> dict[str, float]:
     """Episodes of K frames of sparse random dots; exactly one frame carries a full-row marker in the ball plane
-    whose row index is the return. The head (through the shared encoder) must regress it (R²) and put its
-    read-out attention on that frame (arg-max hit rate); chance is 1/K."""
+    whose row index is the return. The agent's head (through the shared encoder) must regress it (R²) and put
+    its read-out attention on that frame (arg-max hit rate); chance is 1/K. An agent without a return head
+    has nothing that trains it, so its head is measured at its initialisation."""
     import torch
 
     torch.manual_seed(seed)
@@ -182,7 +198,7 @@ def keyframe_diagnostic(cfg: Config, seed: int) -> dict[str, float]:
         z = m["enc"](x.flatten(0, 1)).view(len(x), k, -1)
         return m["head"](z, tpos)
 
-    steps = 0 if cfg.null_method else cfg.diag_steps
+    steps = cfg.diag_steps if agent.return_head else 0
     for _ in range(steps):
         x, tpos, y, _ = batch(32)
         pred, _ = forward(x, tpos)
@@ -222,12 +238,13 @@ class Replay:
         self.episodes.append((start, self.n))
 
 
-def run_agent(cfg: Config, seed: int, rc: bool) -> dict[str, Any]:
+def run_agent(cfg: Config, seed: int, agent: Agent) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
+    rc = agent.return_head
     m = _modules()
     target_q = _modules()
     target_q["enc"].load_state_dict(m["enc"].state_dict())
@@ -254,7 +271,7 @@ def run_agent(cfg: Config, seed: int, rc: bool) -> dict[str, Any]:
             buf.end_episode(start, cfg.gamma)
             o, start = env.reset(), buf.n
         if step >= cfg.warmup and step % cfg.update_every == 0:
-            p = buf.prio[: buf.n] ** cfg.prio_alpha if rc else np.ones(buf.n)
+            p = buf.prio[: buf.n] ** cfg.prio_alpha if agent.prioritised else np.ones(buf.n)
             idx = rng.choice(buf.n, cfg.batch, p=p / p.sum())
             ob, nb = torch.tensor(buf.obs[idx]), torch.tensor(buf.nxt[idx])
             with torch.no_grad():
@@ -344,13 +361,20 @@ def _env_checks(cfg: Config, seed: int) -> tuple[list[Check], dict[str, Any]]:
     return checks, {"random_policy_return": float(per_ep.mean())}
 
 
-@register_suite("return-critic", version=1, config=Config,
-                null_method="the baseline agent: no return-prediction head (left untrained) and uniform replay")
+Config.METHODS = {
+    "return-critic": Method("DQN with the Return-Critic head (shared encoder) and attention-prioritised replay",
+                            Agent(return_head=True, prioritised=True)),
+    "null": Method("the baseline agent: no return-prediction head (left untrained) and uniform replay", BASELINE),
+}
+
+
+@register_suite("return-critic", version=1, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)
     cfg = config
     checks, env_info = _env_checks(cfg, seed)
-    diag = keyframe_diagnostic(cfg, seed)
+    agent: Agent = method_impl(cfg)
+    diag = keyframe_diagnostic(cfg, agent, seed)
     checks += [
         check_cmp("rc_head_keyframe_r2", "gate", diag["r2"], ">=", cfg.diag_min_r2,
                   "return written in one of K frames, regressed through the shared encoder"),
@@ -362,7 +386,7 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     total = 2 * cfg.seeds
     for s in range(cfg.seeds):
         for arm in runs:
-            r = run_agent(cfg, seed * 100 + s, rc=arm == "dqn_rc" and not cfg.null_method)
+            r = run_agent(cfg, seed * 100 + s, agent if arm == "dqn_rc" else BASELINE)
             buf = r.pop("buffer")
             if s == 0 and arm == "dqn_rc":
                 ep0 = buf.episodes[0]
