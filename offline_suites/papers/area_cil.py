@@ -18,7 +18,10 @@ shared residual map A, logits s·cos(A f + B_c S_τ f, g_c) over every seen clas
 replay of old classes, and entropic optimal-transport routing of test features to task attribute manifolds
 (μ_c and exp_{μ_c}(±σ_k b_k)). Baselines: sequential fine-tuning of a cosine head (no replay), the same with
 an exemplar memory (replay), nearest class mean. Reported: accuracy matrix, average incremental accuracy
-Ā, last accuracy, forgetting. ``null_method`` replaces the PGA anchors by random orthonormal tangent bases.
+Ā, last accuracy, forgetting. The gate on accuracy: on the synthetic track AREA's Ā must reach that of the
+nearest class mean on the same frozen features. The null method leaves AREA's task experts and residual map
+untrained (zero-shot matching after OT routing) and fails it. ``random-anchors`` (random orthonormal tangent
+bases instead of PGA) is an ablation that changes the anchors but, here, not the accuracy.
 """
 
 from __future__ import annotations
@@ -31,7 +34,18 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from offline_suites.base import Check, Claim, RunContext, SuiteResult, check_cmp, claim, set_threads
+from offline_suites.base import (
+    Check,
+    Claim,
+    Method,
+    RunContext,
+    SuiteResult,
+    check_cmp,
+    claim,
+    leave_untrained,
+    method_impl,
+    set_threads,
+)
 from offline_suites.registry import register_suite
 
 GUARD_DATA = Path(__file__).resolve().parents[2] / "guard" / "artifacts" / "data.jsonl.gz"
@@ -60,7 +74,7 @@ class Config:
     ot_eps: float = 0.05
     ot_iters: int = 500
     max_pga_angle_deg: float = 10.0
-    null_method: bool = False
+    method: str = "area"                    # a name in METHODS; "null": AREA left untrained
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "run_seeds": (1, 20),
@@ -71,11 +85,14 @@ class Config:
         "pseudo_per_class": (0, 1000), "memory_per_class": (0, 1000), "ot_eps": (1e-3, 10.0),
         "ot_iters": (1, 100_000), "max_pga_angle_deg": (0.0, 90.0)}
 
+    METHODS: ClassVar[dict[str, Method]]
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
 
-Config.SMOKE = Config()
+# SMOKE runs the synthetic track only: the MiniLM text track (model load, 8 prompts per class) took more
+# than half of SMOKE's CPU time, and its SMOKE accuracies are noise; FULL runs it with 80 prompts per class
+Config.SMOKE = Config(text_per_class=0)
 Config.FULL = Config(run_seeds=3, tasks=10, classes_per_task=4, train_per_class=250, test_per_class=50, epochs=100,
                      text_per_class=80, ot_iters=300)
 
@@ -311,11 +328,12 @@ class Area:
         self.adapter = torch.eye(d, dtype=torch.float32).requires_grad_(True)
         self.scorers: list[Any] = []
 
+    def train_steps(self, epochs: int) -> int:
+        return epochs
+
     def anchors(self, c: int) -> None:
         x = self.s.xtr[self.s.ytr == c]
         mu, b, sig = pga(x, self.cfg.attributes)
-        if self.cfg.null_method:
-            b = random_tangent_basis(mu, self.cfg.attributes, self.rng)
         self.mu[c], self.basis[c], self.sigma[c] = mu, b, sig
         # Gaussian of the frozen features for pseudo-replay, kept as (mean, Cholesky factor)
         self.stats[c] = (x.mean(0), np.linalg.cholesky(np.cov(x.T) + 1e-4 * np.eye(x.shape[1])))
@@ -343,7 +361,7 @@ class Area:
         x, y = torch.tensor(s.xtr[sel], dtype=torch.float32), torch.tensor(s.ytr[sel])
         opt = torch.optim.Adam([scorer, self.adapter], lr=cfg.lr)
         old = [c for c in range(seen) if c not in set(cls.tolist())]
-        for _ in range(cfg.epochs):
+        for _ in range(self.train_steps(cfg.epochs)):
             xb, yb = x, y
             if old and cfg.pseudo_per_class:
                 px = np.concatenate([self.stats[c][0] + self.rng.standard_normal((cfg.pseudo_per_class, len(
@@ -390,8 +408,24 @@ class Area:
         return out
 
 
+class UntrainedArea(Area):
+    """The null method: AREA whose task experts and residual map are never trained (S_τ = 0, A = I), so
+    a test feature is routed and then matched to the class texts zero-shot."""
+
+    def train_steps(self, epochs: int) -> int:
+        return leave_untrained(epochs)
+
+
+class RandomAnchorArea(Area):
+    """An ablation: AREA with random orthonormal tangent bases in place of the PGA anchors."""
+
+    def anchors(self, c: int) -> None:
+        super().anchors(c)
+        self.basis[c] = random_tangent_basis(self.mu[c], self.cfg.attributes, self.rng)
+
+
 def run_area(s: Stream, cfg: Config, seed: int) -> tuple[list[list[float]], Area, dict[str, float]]:
-    area = Area(s, cfg, seed)
+    area: Area = method_impl(cfg)(s, cfg, seed)
     acc = []
     route_acc = []
     for t in range(int(s.task_of.max()) + 1):
@@ -413,8 +447,16 @@ def summarise(acc: list[list[float]], sizes: np.ndarray) -> dict[str, float]:
 
 
 # -------------------------------------------------------------------------------------------- run
-@register_suite("area-cil", version=1, config=Config,
-                null_method="the PGA attribute anchors are replaced by random orthonormal tangent bases")
+Config.METHODS = {
+    "area": Method("AREA: PGA anchors, task experts with pseudo-feature replay, OT routing", Area),
+    "random-anchors": Method("AREA with random orthonormal tangent bases in place of the PGA anchors (an ablation)",
+                             RandomAnchorArea),
+    "null": Method("AREA whose task experts and residual map are left untrained (zero-shot matching after routing)",
+                   UntrainedArea),
+}
+
+
+@register_suite("area-cil", version=1, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     from threadpoolctl import threadpool_limits
 
@@ -469,6 +511,12 @@ def _run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
             checks.append(check_cmp(f"{name}_pga_recovers_planted_attributes", "gate", max(angles), "<=",
                                     cfg.max_pga_angle_deg, "largest principal angle, extracted vs planted subspace"))
         a_s, f_s = summ["area"], summ["finetune"]
+        if s.planted is not None:
+            # accuracy, on the track whose classes carry the planted attributes AREA is built for; on the text
+            # track AREA falls short of NCM (the claim below says so), which is the paper's effect failing there
+            checks.append(check_cmp(f"{name}_area_not_below_ncm", "gate",
+                                    a_s["avg_incremental"] - summ["ncm"]["avg_incremental"], ">=", 0.0,
+                                    "Ā(AREA) − Ā(nearest class mean on the same frozen features)"))
         claims.append(claim(f"{name}_area_forgets_less_than_finetune",
                             "AREA forgets less than fine-tuning", f_s["forgetting"] - a_s["forgetting"], ">", 0.0,
                             f"forgetting(FT) − forgetting(AREA); first-task accuracy AREA {a_s['first_task_initial']:.3f}"

@@ -9,7 +9,7 @@ under the H^s norm whose negatives are the worst-case Sobolev direction (I−Δ)
 own velocity error g (the Riesz representer the paper's adversary approximates). Hard checks gate the
 noise sampler (fitted power-spectrum slope −2s), the spectral-consistency metric (zero on identical images), the
 Riesz identity and the worst-case property, and that training learnt; claims compare high-frequency fidelity
-and spectral consistency at matched PSNR. ``null_method`` replaces the coloured noise by white noise and the
+and spectral consistency at matched PSNR. The null method replaces the coloured noise by white noise and the
 alignment by plain flow matching (the baseline).
 """
 
@@ -25,12 +25,14 @@ import numpy as np
 
 from offline_suites.base import (
     Check,
+    Method,
     RunContext,
     SuiteResult,
     check_close,
     check_cmp,
     check_equal,
     claim,
+    method_impl,
     set_threads,
 )
 from offline_suites.registry import register_suite
@@ -53,15 +55,18 @@ class Config:
     slope_tolerance: float = 0.1
     spectrum_side: int = 128         # grid of the noise-spectrum check
     min_loss_drop: float = 0.25      # trained FM loss must fall at least this share below its first value
-    null_method: bool = False        # white noise everywhere, alignment = plain flow matching
+    psnr_margin_db: float = 0.5      # the method's PSNR may fall this far below bicubic's and still "match" it
+    method: str = "asasr"            # a name in METHODS; "null": white noise, no alignment
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "run_seeds": (1, 20),
         "sobolev_s": (0.0, 3.0), "patch": (8, 64), "width": (4, 128), "train_patches": (16, 20_000),
         "test_patches": (8, 2000), "steps": (0, 100_000), "align_steps": (0, 100_000), "batch": (1, 512),
         "lr": (1e-6, 1.0), "dpo_beta": (0.0, 1e4), "adv_scale": (0.0, 10.0), "sample_steps": (1, 200),
-        "slope_tolerance": (0.0, 2.0), "spectrum_side": (32, 512), "min_loss_drop": (0.0, 1.0)}
+        "slope_tolerance": (0.0, 2.0), "spectrum_side": (32, 512), "min_loss_drop": (0.0, 1.0),
+        "psnr_margin_db": (0.0, 50.0)}
 
+    METHODS: ClassVar[dict[str, Method]]
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
@@ -169,6 +174,9 @@ def _lr_up(hr: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------------- model
+NoiseFn = Callable[[np.random.Generator, int, int], np.ndarray]     # (rng, n, side) → n fields of side²
+
+
 def _net(width: int) -> Any:
     from torch import nn
 
@@ -200,12 +208,10 @@ class _Trainer:
         self.w_sob = torch.tensor(sobolev_weight(cfg.patch, cfg.sobolev_s), dtype=torch.float32)
         self.w_sob = self.w_sob / self.w_sob.mean()
 
-    def noise(self, rng: np.random.Generator, n: int, coloured: bool) -> Any:
+    def noise(self, rng: np.random.Generator, n: int, draw: NoiseFn) -> Any:
         import torch
 
-        side = self.cfg.patch
-        e = coloured_noise(rng, n, side, self.cfg.sobolev_s) if coloured else rng.standard_normal((n, side, side))
-        return torch.tensor(e, dtype=torch.float32).unsqueeze(1)
+        return torch.tensor(draw(rng, n, self.cfg.patch), dtype=torch.float32).unsqueeze(1)
 
     def sob_sq(self, u: Any) -> Any:
         """Per-sample ‖u‖²_{H^s} with weights normalised to mean 1 (per pixel, Parseval)."""
@@ -214,17 +220,17 @@ class _Trainer:
         f = torch.fft.fft2(u)
         return (f.abs() ** 2 * self.w_sob).mean((-1, -2, -3)) / u.shape[-1] ** 2
 
-    def batch(self, rng: np.random.Generator, coloured: bool) -> tuple[Any, Any, Any, Any]:
+    def batch(self, rng: np.random.Generator, draw: NoiseFn) -> tuple[Any, Any, Any, Any]:
         import torch
 
         idx = torch.tensor(rng.integers(0, len(self.x1), self.cfg.batch))
         x1, up = self.x1[idx], self.up[idx]
-        eps = self.noise(rng, len(idx), coloured)
+        eps = self.noise(rng, len(idx), draw)
         t = torch.tensor(rng.random(len(idx)), dtype=torch.float32)
         xt = (1 - t.view(-1, 1, 1, 1)) * eps + t.view(-1, 1, 1, 1) * x1
         return xt, up, t, x1 - eps
 
-    def train_fm(self, coloured: bool, rng: np.random.Generator) -> tuple[Any, list[float]]:
+    def train_fm(self, draw: NoiseFn, rng: np.random.Generator) -> tuple[Any, list[float]]:
         import torch
 
         torch.manual_seed(self.seed)
@@ -232,7 +238,7 @@ class _Trainer:
         opt = torch.optim.Adam(net.parameters(), lr=self.cfg.lr)
         losses = []
         for _ in range(self.cfg.steps):
-            xt, up, t, v = self.batch(rng, coloured)
+            xt, up, t, v = self.batch(rng, draw)
             loss = ((_velocity(net, xt, up, t) - v) ** 2).mean()
             opt.zero_grad()
             loss.backward()
@@ -240,7 +246,7 @@ class _Trainer:
             losses.append(float(loss.detach()))
         return net, losses
 
-    def align(self, ref: Any, rng: np.random.Generator) -> tuple[Any, list[float]]:
+    def align(self, ref: Any, draw: NoiseFn, rng: np.random.Generator) -> tuple[Any, list[float]]:
         """Adversarial Sobolev alignment: DPO in velocity space under ‖·‖_{H^s}; winner = the true velocity,
         loser = winner + the worst-case Sobolev direction (I−Δ)^(−s) g of the reference's error g, scaled to
         ``adv_scale``·‖v‖. A flow-matching term keeps the policy anchored (the paper's exact weighting is not public)."""
@@ -253,7 +259,7 @@ class _Trainer:
         inv_w = 1.0 / torch.tensor(sobolev_weight(self.cfg.patch, self.cfg.sobolev_s), dtype=torch.float32)
         losses = []
         for _ in range(self.cfg.align_steps):
-            xt, up, t, v = self.batch(rng, True)
+            xt, up, t, v = self.batch(rng, draw)
             with torch.no_grad():
                 v_ref = _velocity(ref, xt, up, t)
                 r = torch.fft.ifft2(torch.fft.fft2(v_ref - v) * inv_w).real
@@ -271,11 +277,11 @@ class _Trainer:
             losses.append(float(loss.detach()))
         return net, losses
 
-    def sample(self, net: Any, coloured: bool, rng: np.random.Generator) -> np.ndarray:
+    def sample(self, net: Any, draw: NoiseFn, rng: np.random.Generator) -> np.ndarray:
         import torch
 
         n = len(self.up_test)
-        x = self.noise(rng, n, coloured)
+        x = self.noise(rng, n, draw)
         dt = 1.0 / self.cfg.sample_steps
         with torch.no_grad():
             for i in range(self.cfg.sample_steps):
@@ -285,16 +291,39 @@ class _Trainer:
 
 
 # ------------------------------------------------------------------------------------------- run
-def method_noise(cfg: Config) -> Callable[[np.random.Generator, int, int], np.ndarray]:
-    """The noise the method draws (n fields of side²): Sobolev-coloured for ASASR, white for its null.
-    The checks measure what this sampler returns; none of them knows which method it is."""
-    if cfg.null_method:
-        return lambda rng, n, side: rng.standard_normal((n, side, side))
-    return lambda rng, n, side: coloured_noise(rng, n, side, cfg.sobolev_s)
+def white_noise(rng: np.random.Generator, n: int, side: int) -> np.ndarray:
+    return rng.standard_normal((n, side, side))
 
 
-def _exact_checks(cfg: Config, noise: Callable[[np.random.Generator, int, int], np.ndarray],
-                  rng: np.random.Generator) -> tuple[list[Check], dict[str, Any]]:
+class SobolevAlignment:
+    """ASASR: flow matching from Sobolev-coloured noise, then adversarial Sobolev alignment."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.s = cfg.sobolev_s
+
+    def noise(self, rng: np.random.Generator, n: int, side: int) -> np.ndarray:
+        return coloured_noise(rng, n, side, self.s)
+
+    def fine_tune(self, tr: _Trainer, net: Any, losses: list[float], rng: np.random.Generator,
+                  ) -> tuple[Any, list[float]]:
+        return tr.align(net, self.noise, rng)
+
+
+class PlainFlowMatching:
+    """The null method: white noise, and no fine-tuning after flow matching (the baseline itself)."""
+
+    def __init__(self, cfg: Config) -> None:
+        pass
+
+    def noise(self, rng: np.random.Generator, n: int, side: int) -> np.ndarray:
+        return white_noise(rng, n, side)
+
+    def fine_tune(self, tr: _Trainer, net: Any, losses: list[float], rng: np.random.Generator,
+                  ) -> tuple[Any, list[float]]:
+        return net, losses
+
+
+def _exact_checks(cfg: Config, noise: NoiseFn, rng: np.random.Generator) -> tuple[list[Check], dict[str, Any]]:
     side, s = cfg.spectrum_side, cfg.sobolev_s
     eps = noise(rng, 16, side)
     slope = spectrum_slope(eps, k_lo=side // 16)
@@ -323,15 +352,23 @@ def _evaluate(sr: np.ndarray, hr: np.ndarray) -> dict[str, float]:
             "hf_log_error": abs(math.log(hf_energy_ratio(sr, hr)))}
 
 
-@register_suite("asasr", version=1, config=Config,
-                null_method="white noise replaces the Sobolev-coloured noise, and the alignment is plain flow matching")
+Config.METHODS = {
+    "asasr": Method("Sobolev-coloured noise for flow matching and sampling, then adversarial Sobolev alignment",
+                    SobolevAlignment),
+    "null": Method("white noise replaces the Sobolev-coloured noise, and the alignment is plain flow matching",
+                   PlainFlowMatching),
+}
+
+
+@register_suite("asasr", version=1, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     import torch
 
     set_threads(1)
     cfg = config
     rng = np.random.default_rng(seed)
-    checks, exact = _exact_checks(cfg, method_noise(cfg), rng)
+    method: SobolevAlignment | PlainFlowMatching = method_impl(cfg)(cfg)
+    checks, exact = _exact_checks(cfg, method.noise, rng)
     ctx.progress(0.05, "exact checks")
 
     (train_img, train_raw), (test_img, test_raw) = _grey_image("china.jpg"), _grey_image("flower.jpg")
@@ -342,24 +379,20 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     ctx.record_data("hr_train_crops", hr_train.astype(np.float32).tobytes())
     ctx.record_data("hr_test_crops", hr_test.astype(np.float32).tobytes())
     tr = _Trainer(cfg, hr_train, hr_test, seed)
-    coloured = not cfg.null_method
 
-    net_a, loss_a = tr.train_fm(False, np.random.default_rng(seed + 1))
+    net_a, loss_a = tr.train_fm(white_noise, np.random.default_rng(seed + 1))
     ctx.progress(0.35, "arm A: white-noise flow matching")
-    net_b, loss_b = tr.train_fm(coloured, np.random.default_rng(seed + 2))
-    ctx.progress(0.65, "arm B: Sobolev-coloured flow matching")
-    if cfg.null_method:
-        net_c, loss_c = net_b, loss_b
-    else:
-        net_c, loss_c = tr.align(net_b, np.random.default_rng(seed + 3))
-    ctx.progress(0.85, "arm C: adversarial Sobolev alignment")
+    net_b, loss_b = tr.train_fm(method.noise, np.random.default_rng(seed + 2))
+    ctx.progress(0.65, "arm B: the method's flow matching")
+    net_c, loss_c = method.fine_tune(tr, net_b, loss_b, np.random.default_rng(seed + 3))
+    ctx.progress(0.85, "arm C: the method's fine-tuning")
 
     hr_t = tr.hr_test.squeeze(1).numpy().astype(np.float64)
     bicubic = tr.up_test.clamp(0, 1).squeeze(1).numpy().astype(np.float64)
     arms = {"bicubic": bicubic,
-            "A_white_fm": tr.sample(net_a, False, np.random.default_rng(seed + 9)),
-            "B_coloured_fm": tr.sample(net_b, coloured, np.random.default_rng(seed + 9)),
-            "C_as_alignment": tr.sample(net_c, coloured, np.random.default_rng(seed + 9))}
+            "A_white_fm": tr.sample(net_a, white_noise, np.random.default_rng(seed + 9)),
+            "B_coloured_fm": tr.sample(net_b, method.noise, np.random.default_rng(seed + 9)),
+            "C_as_alignment": tr.sample(net_c, method.noise, np.random.default_rng(seed + 9))}
     ev = {k: _evaluate(v, hr_t) for k, v in arms.items()}
 
     def drop(losses: list[float]) -> float:
@@ -373,8 +406,11 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
         check_cmp("fm_loss_drops_white", "gate", drop(loss_a), ">=", cfg.min_loss_drop,
                   "1 − mean(last 10 % of losses) / mean(first 10 %)"),
         check_cmp("fm_loss_drops_coloured", "gate", drop(loss_b), ">=", cfg.min_loss_drop),
-        check_cmp("coloured_arm_beats_bicubic_psnr", "sanity", ev["B_coloured_fm"]["psnr"] - ev["bicubic"]["psnr"],
-                  ">", 0.0, "dB over bicubic on held-out flower.jpg patches"),
+        # SR quality against bicubic: demoted to sanity, since no sampler at this scale comes near bicubic (the
+        # suite's README gives the measured gaps); as a gate it would fail the method and the null alike
+        check_cmp("method_psnr_within_margin_of_bicubic", "sanity",
+                  ev["C_as_alignment"]["psnr"] - ev["bicubic"]["psnr"], ">=", -cfg.psnr_margin_db,
+                  "PSNR(method's final sampler) − PSNR(bicubic), dB, held-out flower.jpg patches"),
     ]
     dpsnr = ev["B_coloured_fm"]["psnr"] - ev["A_white_fm"]["psnr"]
     claims = [

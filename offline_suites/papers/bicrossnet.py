@@ -12,7 +12,7 @@ without generators, and a prototype baseline (nearest class mean on a single-str
 Data: synthetic 6-axis IMU gestures (3-D stroke trajectories → accelerometer = rotated second derivative
 plus gravity, gyroscope = rotated wrist angular rate) whose per-user nuisance (amplitude, time warp, sensor
 rotation) is shared across classes by construction, and aeon's BasicMotions (real watch accelerometer +
-gyroscope). ``null_method`` leaves the extractor and both generators untrained.
+gyroscope). The null method leaves the extractor and both generators untrained.
 """
 
 from __future__ import annotations
@@ -26,12 +26,16 @@ import numpy as np
 from offline_suites.base import (
     Check,
     Claim,
+    Method,
     RunContext,
     SuiteResult,
     check_cmp,
     check_equal,
     claim,
+    leave_untrained,
+    method_impl,
     set_threads,
+    train_for,
 )
 from offline_suites.registry import register_suite
 
@@ -55,7 +59,7 @@ class Config:
     lr: float = 2e-3
     min_base_accuracy: float = 0.7    # extractor on held-out base gestures (chance 1/base_classes)
     max_delta_error_ratio: float = 0.6  # reconstruction error of D(E(a, b), b) vs a, over ‖a − b‖²
-    null_method: bool = False         # extractor and both generators untrained
+    method: str = "bicrossnet"       # a name in METHODS; "null" is the untrained model
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "run_seeds": (1, 20),
@@ -65,6 +69,7 @@ class Config:
         "delta_steps": (0, 100_000), "lr": (1e-6, 1.0), "min_base_accuracy": (0.0, 1.0),
         "max_delta_error_ratio": (0.0, 10.0)}
 
+    METHODS: ClassVar[dict[str, Method]]
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
@@ -201,7 +206,7 @@ def pretrain(make: Any, x: np.ndarray, y: np.ndarray, cfg: Config, seed: int) ->
     xt, yt = torch.tensor(x, dtype=torch.float32), torch.tensor(y)
     g = torch.Generator().manual_seed(seed)
     net.train()
-    for _ in range(0 if cfg.null_method else cfg.epochs):
+    for _ in range(method_impl(cfg)(cfg.epochs)):
         perm = torch.randperm(len(xt), generator=g)
         for i in range(0, len(xt), 64):
             j = perm[i:i + 64]
@@ -237,7 +242,7 @@ class DeltaGenerator:
         opt = torch.optim.Adam(params, lr=cfg.lr)
         rng = np.random.default_rng(seed)
         xf = torch.tensor(x.reshape(len(x), -1), dtype=torch.float32)
-        for _ in range(0 if cfg.null_method else cfg.delta_steps):
+        for _ in range(method_impl(cfg)(cfg.delta_steps)):
             i, j = _pairs(y, 128, rng)
             loss = ((self.reconstruct(xf[i], xf[j]) - xf[i]) ** 2).mean()
             opt.zero_grad()
@@ -339,8 +344,13 @@ def _summ(v: list[float]) -> dict[str, float]:
     return {"accuracy": float(a.mean()), "ci95": float(1.96 * a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else 0.0}
 
 
-@register_suite("bicrossnet", version=1, config=Config,
-                null_method="the extractor and both generators are left at their random initialisation")
+Config.METHODS = {
+    "bicrossnet": Method("the extractor pre-trained on base gestures and both generators trained on base pairs", train_for),
+    "null": Method("the extractor and both generators are left at their random initialisation", leave_untrained),
+}
+
+
+@register_suite("bicrossnet", version=1, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)
     rng = np.random.default_rng(seed)

@@ -11,7 +11,7 @@ Hard checks gate the calibrator's output: at the smallest λ, CGM-relax must cut
 constraint violation below a share of the base's and must land within a bound of the exact
 optimum p* (KL(pθ‖p*) a small share of KL(p_b‖p*), KL(pθ‖p_b) within a share of KL*); the dual
 solver must reproduce the targets. In FULL the LM arm gates too (violation on fresh samples cut
-below a share of the base's, KL to the base bounded). ``null_method`` returns the base model
+below a share of the base's, KL to the base bounded). The null method returns the base model
 untouched from every trainer (the LoRA keeps its zero B), which fails them. The
 Pythagorean identity holds for any p and so only checks the evaluator (soft); the paper's
 orderings (λ, N, relax vs reward) are claims.
@@ -25,7 +25,19 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from offline_suites.base import Check, RunContext, SuiteResult, check_close, check_cmp, claim, set_threads
+from offline_suites.base import (
+    Check,
+    Method,
+    RunContext,
+    SuiteResult,
+    check_close,
+    check_cmp,
+    claim,
+    leave_untrained,
+    method_impl,
+    set_threads,
+    train_for,
+)
 from offline_suites.registry import register_suite
 
 PROFESSIONS = ("doctor", "nurse", "engineer", "teacher", "pilot", "secretary", "scientist", "librarian")
@@ -65,7 +77,7 @@ class Config:
     lm_gate: bool = False              # gate on the audit (needs enough steps and samples to be fair)
     lm_max_violation_share: float = 0.5   # |share − h*| after ≤ this × before
     lm_max_kl_excess: float = 0.5      # Monte Carlo KL(pθ‖p_b) ≤ the exact optimum KL* + this, nats
-    null_method: bool = False          # both trainers return the base model: the gates must fail
+    method: str = "cgm"                # a name in METHODS; "null": both trainers return the base model
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     # exact enumeration of V^L sequences: 8^6 = 262,144 is the most we let a request ask for
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
@@ -80,6 +92,7 @@ class Config:
         "lm_lambda": (0.0, 1e4), "lm_rank": (1, 64), "lm_lora_layers": (1, 64), "lm_audit_samples": (2, 10_000),
         "lm_max_violation_share": (0.0, 1.0), "lm_max_kl_excess": (0.0, 100.0)}
 
+    METHODS: ClassVar[dict[str, Method]]
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
@@ -198,15 +211,13 @@ def _train(model_b: Any, cfg: Config, seed: int, target: np.ndarray, *, lam: flo
     import torch
 
     model = copy.deepcopy(model_b)
-    if cfg.null_method:
-        return model
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.epochs, eta_min=cfg.lr * 1e-3)
     tgt = torch.tensor(target, dtype=torch.float32)
     a_hat = torch.tensor(alpha_hat, dtype=torch.float32) if alpha_hat is not None else None
     n = cfg.batch
-    for epoch in range(cfg.epochs):
+    for epoch in range(method_impl(cfg)(cfg.epochs)):
         if epoch % 50 == 0:
             ctx.check_cancelled()
         x = model.sample(n, gen)
@@ -402,7 +413,7 @@ def lm_arm(ctx: RunContext, cfg: Config, seed: int, p0: float, p1: float) -> dic
     params = [p for p in lm.model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=cfg.lm_lr)
     n, tgt, trace = cfg.lm_batch, cfg.lm_target, []
-    for step in range(0 if cfg.null_method else cfg.lm_steps):
+    for step in range(method_impl(cfg)(cfg.lm_steps)):
         ctx.progress(p0 + (p1 - p0) * 0.1 + (p1 - p0) * 0.8 * step / max(cfg.lm_steps, 1), f"LM CGM-relax step {step}")
         x = lm.sample(n, seed * 7919 + 100 + step)
         h = torch.tensor([float(story_is_female(t, det)) for t in lm.texts(x)])
@@ -426,8 +437,14 @@ def lm_arm(ctx: RunContext, cfg: Config, seed: int, p0: float, p1: float) -> dic
 
 
 # ------------------------------------------------------------------------------------------ suite
-@register_suite("cgm", version=3, config=Config,
-                null_method="every trainer returns the base model unchanged (no calibration; the LoRA stays zero)")
+Config.METHODS = {
+    "cgm": Method("CGM-relax / CGM-reward: REINFORCE with leave-one-out baselines for the configured steps", train_for),
+    "null": Method("every trainer returns the base model unchanged (no calibration; the LoRA stays zero)",
+                   leave_untrained),
+}
+
+
+@register_suite("cgm", version=3, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     import torch
     from scipy.special import log_softmax

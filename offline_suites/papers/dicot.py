@@ -11,7 +11,7 @@ pooled features are scored by a linear probe (StandardScaler + one-vs-rest logis
 randomly initialised encoder with the same probe (the paper's control) and a TS2Vec-style baseline
 (hierarchical instance + temporal contrast on two overlapping random crops) with the same encoder, on UCR/UEA
 sets shipped in the aeon wheel (read by our own .ts parser; aeon's code is never imported).
-``null_method`` leaves the Di-COT encoder untrained.
+The null method leaves the Di-COT encoder untrained.
 """
 
 from __future__ import annotations
@@ -27,12 +27,16 @@ import numpy as np
 from offline_suites.base import (
     Check,
     Claim,
+    Method,
     RunContext,
     SuiteResult,
     check_cmp,
     check_equal,
     claim,
+    leave_untrained,
+    method_impl,
     set_threads,
+    train_for,
 )
 from offline_suites.registry import register_suite
 
@@ -53,7 +57,7 @@ class Config:
     modules: int = 3                  # Inception modules (one residual block)
     max_length: int = 128             # longer series are linearly resampled to this length (CPU budget)
     gate_loss_ratio: float = 0.8      # held-out Di-COT loss after training ≤ this × before
-    null_method: bool = False         # the Di-COT encoder is left untrained
+    method: str = "dicot"            # a name in METHODS; "null" is the untrained model
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "run_seeds": (1, 20),
@@ -62,6 +66,7 @@ class Config:
         "filters": (2, 256), "out_dim": (2, 1024), "modules": (1, 12), "max_length": (16, 10_000),
         "gate_loss_ratio": (0.0, 10.0)}
 
+    METHODS: ClassVar[dict[str, Method]]
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
@@ -231,7 +236,7 @@ def train(kind: str, x: np.ndarray, cfg: Config, seed: int) -> tuple[Any, float]
     enc = make_encoder(x.shape[1], cfg)
     g = torch.Generator().manual_seed(seed)
     xt = torch.tensor(x, dtype=torch.float32)
-    its = 0 if (kind == "random_init" or (kind == "dicot" and cfg.null_method)) else cfg.iterations
+    its = 0 if kind == "random_init" else method_impl(cfg)(cfg.iterations) if kind == "dicot" else cfg.iterations
     opt = torch.optim.AdamW(enc.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
     warm = max(1, its // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -340,7 +345,13 @@ def sampler_checks(cfg: Config, rng: np.random.Generator) -> tuple[list[Check], 
     return checks, {"loss_flops": flops, "blocks": shapes, "loss_flops_ratio": ratio}
 
 
-@register_suite("dicot", version=1, config=Config, null_method="the Di-COT encoder is left at its random initialisation")
+Config.METHODS = {
+    "dicot": Method("the Di-COT encoder trained with its sub-block predecessor contrast", train_for),
+    "null": Method("the Di-COT encoder is left at its random initialisation", leave_untrained),
+}
+
+
+@register_suite("dicot", version=1, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)
     rng = np.random.default_rng(seed)

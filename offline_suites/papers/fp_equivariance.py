@@ -13,7 +13,7 @@ What gates is what depends on the left-to-right rounded sums, the paper's mechan
 permutation other than (1 2) changes some output (Theorem 1's mechanism), the sum lemma at the
 bound, and Theorem 2 on constructed inputs; plus the emulator against hardware casts. Theorems 4
 and 5 hold for any symmetric-in-(1 2) reduction, so they are soft; Lemma 6 and the visibility of
-counts below the bound are claims. ``null_method`` replaces every left sum by the float64 sum
+counts below the bound are claims. The null method replaces every left sum by the float64 sum
 rounded once (order-free arithmetic), which must fail the gates. Everything about our kernels and
 the served engine is informational.
 """
@@ -30,11 +30,13 @@ from offline_suites.base import (
     Check,
     Claim,
     ConfigError,
+    Method,
     RunContext,
     SuiteResult,
     check_cmp,
     check_equal,
     claim,
+    method_impl,
     set_threads,
 )
 from offline_suites.registry import register_suite
@@ -68,7 +70,7 @@ class Config:
     pbs_backend: str = "reference"   # SMOKE: the fp64 oracle (no compile); FULL: "auto" = the served path
     llm_probe_prompts: int = 4    # served-engine batch-invariance probe (0 = skip)
     llm_probe_tokens: int = 8     # greedy tokens generated per probe prompt
-    null_method: bool = False     # sums rounded once instead of left to right: the gates must fail
+    method: str = "left-sums"     # a name in METHODS; "null": sums rounded once, in any order
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     # seq_len ≥ 3: the random permutations must be able to avoid the identity and the (1 2) swap
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
@@ -78,6 +80,7 @@ class Config:
         "kernel_seq_len": (3, 1024), "kernel_layers": (0, 1000), "kernel_trials": (1, 100),
         "llm_probe_prompts": (0, 64), "llm_probe_tokens": (1, 256)}
 
+    METHODS: ClassVar[dict[str, Method]]
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
@@ -96,9 +99,8 @@ class FPFormat:
     float64 exp then rounded; it can differ from a correctly rounded exp in rare near-ties (noted).
     """
 
-    def __init__(self, name: str, p: int, q: int, exact_sums: bool = False) -> None:
+    def __init__(self, name: str, p: int, q: int) -> None:
         self.name, self.p, self.q = name, p, q
-        self.exact_sums = exact_sums      # the null arithmetic: a sum is rounded once, in any order
         self.emin = -(2 ** (q - 1)) + 2
         self.emax = 2 ** (q - 1) - 1
         self.omega = (2.0 - 2.0 ** -p) * 2.0 ** self.emax
@@ -135,23 +137,36 @@ class FPFormat:
         with np.errstate(invalid="ignore", over="ignore"):
             return self.rnd(np.exp(a))
 
+    def fold(self, t: np.ndarray) -> np.ndarray:
+        """t₀ ⊕ t₁ ⊕ … along axis 0, left to right (the paper's sum)."""
+        acc = t[0]
+        for k in range(1, t.shape[0]):
+            acc = self.add(acc, t[k])
+        return acc
 
-def fmt(name: str, exact_sums: bool = False) -> FPFormat:
+
+class OrderFreeFormat(FPFormat):
+    """The null arithmetic: the same rounding, but a sum is rounded once, whatever the order of its terms."""
+
+    def fold(self, t: np.ndarray) -> np.ndarray:
+        # sorted so the float64 reduction cannot depend on the order of the terms either
+        with np.errstate(invalid="ignore", over="ignore"):
+            return self.rnd(np.sort(t, axis=0).sum(axis=0))
+
+
+def fmt(name: str) -> FPFormat:
     p, q = FORMATS[name]
-    return FPFormat(name, p, q, exact_sums)
+    return FPFormat(name, p, q)
+
+
+def order_free_fmt(name: str) -> FPFormat:
+    p, q = FORMATS[name]
+    return OrderFreeFormat(name, p, q)
 
 
 def left_sum(f: FPFormat, terms: np.ndarray, axis: int) -> np.ndarray:
     """x₁ ⊕ x₂ ⊕ … ⊕ xₙ, left-associative along ``axis`` (the paper's sum)."""
-    t = np.moveaxis(terms, axis, 0)
-    if f.exact_sums:
-        # sorted so the float64 reduction cannot depend on the order of the terms either
-        with np.errstate(invalid="ignore", over="ignore"):
-            return f.rnd(np.sort(t, axis=0).sum(axis=0))
-    acc = t[0]
-    for k in range(1, t.shape[0]):
-        acc = f.add(acc, t[k])
-    return acc
+    return f.fold(np.moveaxis(terms, axis, 0))
 
 
 def fmatmul(f: FPFormat, w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -297,7 +312,7 @@ def _reference_model(ctx: RunContext, cfg: Config, rng: np.random.Generator) -> 
     metrics: dict[str, Any] = {}
     n, d = cfg.seq_len, cfg.d_model
     for fname in cfg.formats:
-        f = fmt(fname, cfg.null_method)
+        f = method_impl(cfg)(fname)
         swap_viol = perm_viol = perm_total = eq_viol = eq_total = 0
         for _ in range(cfg.n_blocks):
             ctx.check_cancelled()
@@ -349,7 +364,7 @@ def _similarity_checks(ctx: RunContext, cfg: Config, rng: np.random.Generator
     d = cfg.d_model
     for fname in cfg.similar_formats:
         ctx.check_cancelled()
-        f = fmt(fname, cfg.null_method)
+        f = method_impl(cfg)(fname)
         alpha, gap, tail = 3 * 2 ** f.p, 6 * 2 ** f.p, 3
         beta = alpha + gap
         z1, z2 = f.rnd(rng.normal(0, 1, d)), f.rnd(rng.normal(0, 1, d))
@@ -373,7 +388,7 @@ def _similarity_checks(ctx: RunContext, cfg: Config, rng: np.random.Generator
                             "token from z1 to z2 changes the output", float(visible), ">=", 1.0,
                             f"1 if f(X) ≠ f(Y) at α = {a_s}, β − α = {g_s}"))
     for fname in ("e5m2", "e4m3", "bf16", "fp16"):
-        f = fmt(fname, cfg.null_method)
+        f = method_impl(cfg)(fname)
         same = _sum_lemma(f, rng, cfg.sum_lemma_pairs, 3 * 2 ** f.p, 6 * 2 ** f.p)
         metrics[f"{fname}_sum_lemma_equal_fraction"] = same / cfg.sum_lemma_pairs
         checks.append(check_equal(f"sum_lemma_at_bound_{fname}", "gate", cfg.sum_lemma_pairs, same,
@@ -529,8 +544,13 @@ def _engine_batch_probe(ctx: RunContext, cfg: Config) -> dict[str, Any]:
             "engine_scored_prompts": len(alone), "greedy_tokens": cfg.llm_probe_tokens}
 
 
-@register_suite("fp-equivariance", version=3, config=Config,
-                null_method="every sum is the float64 sum rounded once (order-free arithmetic)")
+Config.METHODS = {
+    "left-sums": Method("every sum is rounded left to right, one addition at a time (the paper's arithmetic)", fmt),
+    "null": Method("every sum is the float64 sum rounded once (order-free arithmetic)", order_free_fmt),
+}
+
+
+@register_suite("fp-equivariance", version=3, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)
     rng = np.random.default_rng(seed)

@@ -9,7 +9,7 @@ are integrated with velocity Verlet (exact for a constant field, second order ot
 first-order flow matching (same network, velocity x₁ − x₀, future covariates in its input), KineFlow
 without the force term, and ridge / MLP point forecasters, on forced damped oscillators and pendulums
 with known dynamics and on statsmodels' US macro data (consumption growth, income growth as covariate).
-``null_method`` leaves the acceleration field and the force untrained.
+The null method leaves the acceleration field and the force untrained.
 """
 
 from __future__ import annotations
@@ -24,13 +24,17 @@ import numpy as np
 from offline_suites.base import (
     Check,
     Claim,
+    Method,
     RunContext,
     SuiteResult,
     check_close,
     check_cmp,
     check_equal,
     claim,
+    leave_untrained,
+    method_impl,
     set_threads,
+    train_for,
 )
 from offline_suites.registry import register_suite
 
@@ -51,7 +55,7 @@ class Config:
     sigma_v: float = 0.1              # std of the bridge's initial velocity v₀
     max_test_windows: int = 200
     gate_crps_ratio: float = 0.6      # KineFlow CRPS must be ≤ this × climatology CRPS on synthetic data
-    null_method: bool = False         # acceleration field and force left untrained
+    method: str = "kineflow"         # a name in METHODS; "null" is the untrained model
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "run_seeds": (1, 20),
@@ -59,6 +63,7 @@ class Config:
         "steps": (0, 100_000), "batch": (1, 4096), "lr": (1e-6, 1.0), "samples": (2, 1000), "ode_steps": (1, 1000),
         "sigma_v": (0.0, 10.0), "max_test_windows": (10, 100_000), "gate_crps_ratio": (0.0, 10.0)}
 
+    METHODS: ClassVar[dict[str, Method]]
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
@@ -248,7 +253,7 @@ def train_flow(kind: str, tr: dict, cfg: Config, seed: int, steps: int) -> FlowM
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.params(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(steps, 1))
-    for _ in range(0 if cfg.null_method else steps):
+    for _ in range(method_impl(cfg)(steps)):
         j = torch.randint(0, x1.shape[0], (min(cfg.batch, x1.shape[0]),), generator=g)
         loss = model.loss(x1[j], c[j], uf[j], g)
         opt.zero_grad()
@@ -374,8 +379,13 @@ def unit_checks(cfg: Config, seed: int) -> tuple[list[Check], dict[str, Any]]:
     return checks, {"verlet_errors_20_40_80": errs, "verlet_order": order}
 
 
-@register_suite("kineflow", version=1, config=Config,
-                null_method="the acceleration field and the force network are left at their random initialisation")
+Config.METHODS = {
+    "kineflow": Method("the acceleration field and the force network trained by second-order flow matching", train_for),
+    "null": Method("the acceleration field and the force network are left at their random initialisation", leave_untrained),
+}
+
+
+@register_suite("kineflow", version=1, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)
     checks, unit = unit_checks(config, seed)

@@ -10,7 +10,7 @@ training digits, between bottom halves sampled from the top halves of test digit
 parabola in log N per budget locates N_opt(C); power laws N_opt ∝ C^a and D_opt ∝ C^b are fitted per target.
 Hard checks gate the FLOP accounting (analytic = counted by ``torch.utils.flop_counter`` on a real forward pass),
 the fitting pipeline (recovers β/(α+β) from a planted Chinchilla surface) and the trained models (they must beat
-the per-position marginal baseline). ``null_method`` leaves every model untrained.
+the per-position marginal baseline). The null method leaves every model untrained.
 """
 
 from __future__ import annotations
@@ -26,12 +26,16 @@ import numpy as np
 
 from offline_suites.base import (
     Check,
+    Method,
     RunContext,
     SuiteResult,
     check_close,
     check_cmp,
     claim,
+    leave_untrained,
+    method_impl,
     set_threads,
+    train_for,
 )
 from offline_suites.registry import register_suite
 
@@ -52,7 +56,7 @@ class Config:
     synthetic_alpha: float = 0.34                    # planted surface for the fit check (Chinchilla-like)
     synthetic_beta: float = 0.28
     fit_tolerance: float = 0.02
-    null_method: bool = False                        # every model left untrained
+    method: str = "trained"          # a name in METHODS; "null" is the untrained model
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "run_seeds": (1, 20),
@@ -60,6 +64,7 @@ class Config:
         "complete_n": (10, 500), "probe_ridge": (0.0, 1e3), "synthetic_alpha": (0.05, 2.0),
         "synthetic_beta": (0.05, 2.0), "fit_tolerance": (0.0, 1.0)}
 
+    METHODS: ClassVar[dict[str, Method]]
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
@@ -156,7 +161,7 @@ def train(d: int, cfg: Config, budget: float, xtr: Any, seed: int) -> tuple[Any,
     import torch.nn.functional as F
 
     m = _model(d, cfg.layers, seed)
-    steps = 0 if cfg.null_method else max(1, round(budget / (3 * forward_flops(d, cfg.layers) * cfg.batch)))
+    steps = method_impl(cfg)(max(1, round(budget / (3 * forward_flops(d, cfg.layers) * cfg.batch))))
     opt = torch.optim.AdamW(m.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 *
                                               (1 + math.cos(math.pi * min(s, steps) / max(steps, 1))))
@@ -263,7 +268,13 @@ def planted_fit(alpha: float, beta: float) -> tuple[float, float]:
 
 
 # ------------------------------------------------------------------------------------------- run
-@register_suite("nextpixel-scaling", version=1, config=Config, null_method="every model is left untrained")
+Config.METHODS = {
+    "trained": Method("every model trained for its compute budget", train_for),
+    "null": Method("every model is left untrained", leave_untrained),
+}
+
+
+@register_suite("nextpixel-scaling", version=1, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     import torch
 

@@ -14,7 +14,7 @@ Baselines: SC-Sym (spectral clustering of A + Aᵀ), DSC+ (teleporting walk, α 
 (Π^½PΠ^-½ + Π^-½PᵀΠ^½)/2) and plain PIC (Lin & Cohen: one vector iterated on P until its acceleration
 stalls), all with the same k-means. Data: directed SBMs (chain, core–periphery) with planted blocks, kNN
 digraphs (k = ⌈ln n⌉) of scikit-learn's bundled sets, and scikit-network's art/philosophy/science
-Wikipedia digraph (30 vertices, 3 labels). ``null_method`` replaces P_ν by the plain walk P.
+Wikipedia digraph (30 vertices, 3 labels). The null method replaces P_ν by the plain walk P.
 """
 
 from __future__ import annotations
@@ -26,7 +26,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from offline_suites.base import Check, Claim, RunContext, SuiteResult, check_cmp, check_equal, claim
+from offline_suites.base import (
+    Check,
+    Claim,
+    Method,
+    RunContext,
+    SuiteResult,
+    check_cmp,
+    check_equal,
+    claim,
+    method_impl,
+)
 from offline_suites.registry import register_suite
 
 CHAIN = ((0.05, 0.6, 0.0), (0.01, 0.05, 0.6), (0.0, 0.01, 0.05))
@@ -48,7 +58,7 @@ class Config:
     seeds: int = 1                          # graph/embedding seeds, median reported
     dsc_alpha: float = 0.9
     min_chain_ari: float = 0.5              # ParPIC must recover the chain DSBM's planted blocks this well
-    null_method: bool = False               # P_ν → the plain random walk P (no reversibilisation)
+    method: str = "parpic"                  # a name in METHODS; "null": P_ν → the plain random walk P
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "run_seeds": (1, 20),
@@ -56,6 +66,7 @@ class Config:
         "gammas": (0.0, 1.0), "gamma": (0.0, 1.0), "probes": (2, 2000), "t_max": (2, 1000),
         "kmeans_init": (1, 100), "seeds": (1, 50), "dsc_alpha": (0.01, 0.999), "min_chain_ari": (0.0, 1.0)}
 
+    METHODS: ClassVar[dict[str, Method]]
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
@@ -85,8 +96,8 @@ def vertex_measure(a: Any, gamma: float) -> np.ndarray:
     return nu / nu.sum()  # type: ignore[no-any-return]
 
 
-def parametrised_operator(a: Any, gamma: float, null: bool = False) -> tuple[Any, np.ndarray]:
-    """(P_ν, ξ) with ξ = W_ν𝟙 / Σ. Under the null method: (P, the same ξ)."""
+def _reversibilised(a: Any, gamma: float) -> tuple[Any, Any, np.ndarray]:
+    """(P, W_ν = sym(diag(ν) P), ξ = W_ν𝟙 / Σ)."""
     import scipy.sparse as sp
 
     p = random_walk(a)
@@ -94,10 +105,21 @@ def parametrised_operator(a: Any, gamma: float, null: bool = False) -> tuple[Any
     w = sp.diags(nu) @ p
     w = (w + w.T).tocsr()
     deg = np.asarray(w.sum(1)).ravel()
-    xi = deg / deg.sum()
-    if null:
-        return p.tocsr(), xi
-    return (sp.diags(1.0 / deg) @ w).tocsr(), xi
+    return p, w, deg / deg.sum()
+
+
+def parametrised_operator(a: Any, gamma: float) -> tuple[Any, np.ndarray]:
+    """(P_ν, ξ) with P_ν = D_ν⁻¹ W_ν and ξ = W_ν𝟙 / Σ."""
+    import scipy.sparse as sp
+
+    _, w, xi = _reversibilised(a, gamma)
+    return (sp.diags(1.0 / np.asarray(w.sum(1)).ravel()) @ w).tocsr(), xi
+
+
+def plain_walk_operator(a: Any, gamma: float) -> tuple[Any, np.ndarray]:
+    """The null method's operator: the plain directed walk P, audited against the same ξ as P_ν."""
+    p, _, xi = _reversibilised(a, gamma)
+    return p.tocsr(), xi
 
 
 def operator_audit(p: Any, xi: np.ndarray) -> dict[str, float]:
@@ -152,7 +174,7 @@ def l2rows(x: np.ndarray) -> np.ndarray:
 def parpic(a: Any, k: int, gamma: float, cfg: Config, seed: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     n = a.shape[0]
-    p, xi = parametrised_operator(a, gamma, cfg.null_method)
+    p, xi = method_impl(cfg)(a, gamma)
     c = int(min(n, max(min(n, cfg.probes), math.isqrt(n))))
     h = entropy_curve(p, rng.choice(n, size=c, replace=False), cfg.t_max)
     t = knee(h) or max(1, int(math.log(n)))
@@ -303,8 +325,13 @@ def _datasets(ctx: RunContext, cfg: Config, seed: int) -> dict[str, tuple[Any, n
 
 
 # ------------------------------------------------------------------------------------------- run
-@register_suite("parpic", version=1, config=Config,
-                null_method="ParPIC's operator P_ν is replaced by the plain directed random walk P")
+Config.METHODS = {
+    "parpic": Method("ParPIC's reversibilised operator P_ν", parametrised_operator),
+    "null": Method("ParPIC's operator P_ν is replaced by the plain directed random walk P", plain_walk_operator),
+}
+
+
+@register_suite("parpic", version=1, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     from threadpoolctl import threadpool_limits
 

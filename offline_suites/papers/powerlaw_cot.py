@@ -9,7 +9,7 @@ Arm T (soft): the closed forms, checked numerically — a self-consistency check
 formulas, so it does not gate. Arm B (worker-trained): the authors' experiment A — uniform points
 on S^{d−1}, labels from m random prototypes (spherical Voronoi), an MLP trained on fresh samples —
 fitted with the fixed exponent 2/d and with a free exponent; the gate is that every trained
-classifier beats chance by far (``null_method`` leaves them untrained), the power law and its
+classifier beats chance by far (the null method leaves them untrained), the power law and its
 exponent's fall with d and its distance to 2/d are claims. Arm D (worker-trained): the
 decomposition itself — N leaves of a nested spherical Voronoi tree reached by n = log_k N steps of
 degree k, one MLP trained on the same samples with the intermediate steps (k < N) or without them
@@ -34,12 +34,16 @@ from offline_suites.base import (
     Check,
     Claim,
     ConfigError,
+    Method,
     RunContext,
     SuiteResult,
     check_close,
     check_cmp,
     claim,
+    leave_untrained,
+    method_impl,
     set_threads,
+    train_for,
 )
 from offline_suites.registry import register_suite
 
@@ -64,7 +68,7 @@ class Config:
     hop_questions: int = 8                               # served two-hop questions (0 = skip)
     hop_k: int = 4                                       # candidate countries for the intermediate hop
     max_error_share_of_chance: float = 0.5               # trained sphere error ≤ this × (1 − 1/m)
-    null_method: bool = False                            # sphere classifiers stay untrained
+    method: str = "trained"          # a name in METHODS; "null" is the untrained model
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "run_seeds": (1, 20),
@@ -75,6 +79,7 @@ class Config:
         "tree_dims": (1, 16), "tree_leaves": (4, 4096), "tree_degrees": (2, 4096), "tree_steps": (0, 100_000),
         "hop_questions": (0, 1000), "hop_k": (2, 121)}
 
+    METHODS: ClassVar[dict[str, Method]]
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
@@ -170,7 +175,7 @@ def _sphere_error(d: int, m: int, cfg: Config, seed: int) -> float:
     net = nn.Sequential(nn.Linear(d, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU(),
                         nn.Linear(cfg.hidden, m))
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr)
-    for _ in range(0 if cfg.null_method else cfg.train_steps):
+    for _ in range(method_impl(cfg)(cfg.train_steps)):
         x, y = draw(cfg.batch)
         loss = nn.functional.cross_entropy(net(x), y)
         opt.zero_grad()
@@ -225,7 +230,7 @@ def _tree_error(d: int, m: int, n: int, cfg: Config, seed: int) -> dict[str, Any
     net = nn.Sequential(nn.Linear(d + max(n - 1, 1) * m + n, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, cfg.hidden),
                         nn.ReLU(), nn.Linear(cfg.hidden, m))
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr)
-    for _ in range(0 if cfg.null_method else cfg.tree_steps):
+    for _ in range(method_impl(cfg)(cfg.tree_steps)):
         x, dig = draw(cfg.batch)
         loss = sum(fn.cross_entropy(net(inp(x, dig, t)), dig[:, t]) for t in range(n))
         opt.zero_grad()
@@ -400,8 +405,13 @@ def _two_hop_arm(ctx: RunContext, cfg: Config, rng: np.random.Generator) -> dict
             "step1_error": e1 / n, "step2_error": e2 / n, "independent_prediction": 1 - (1 - e1 / n) * (1 - e2 / n)}
 
 
-@register_suite("powerlaw-cot", version=3, config=Config,
-                null_method="the sphere and tree classifiers are left at their random initialisation")
+Config.METHODS = {
+    "trained": Method("the sphere and tree classifiers trained on fresh samples", train_for),
+    "null": Method("the sphere and tree classifiers are left at their random initialisation", leave_untrained),
+}
+
+
+@register_suite("powerlaw-cot", version=3, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)
     cfg = config

@@ -8,7 +8,7 @@ penultimate features and, out of distribution, on the same digits rotated a quar
 MI-FGSM transfer attacks from A to B. The paper's findings (more overlap → more similar representations →
 better transfer) are claims with verdicts; the hard checks gate what must hold of the suite's own
 output: the splits, the metrics' invariances, trained models that beat chance by far, and an attack
-that fools the model it was computed on. ``null_method`` leaves every MLP untrained.
+that fools the model it was computed on. The null method leaves every MLP untrained.
 
 Track L is a guard diagnostic, not part of the paper: per-layer similarity of the served model
 (loaded from the inference layer's HF folder) to the safeguard model (the same base with the
@@ -28,13 +28,17 @@ import numpy as np
 from offline_suites.base import (
     Check,
     Claim,
+    Method,
     RunContext,
     SuiteResult,
     check_close,
     check_cmp,
     check_equal,
     claim,
+    leave_untrained,
+    method_impl,
     set_threads,
+    train_for,
 )
 from offline_suites.registry import register_suite
 
@@ -57,7 +61,7 @@ class Config:
     guard_layer: int = 15            # the layer the guard reads (guard BuildConfig.layer)
     min_accuracy: float = 0.8        # every trained MLP must reach this held-out accuracy (chance: 0.1)
     min_white_box_asr: float = 0.25  # MI-FGSM must fool model A on at least this share of its correct inputs
-    null_method: bool = False        # leave every MLP untrained (random init): the checks must notice
+    method: str = "trained"          # a name in METHODS; "null" is the untrained model
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "run_seeds": (1, 20),
@@ -66,6 +70,7 @@ class Config:
         "attack_steps": (1, 1000), "llm_texts": (0, 4096), "llm_knn_k": (1, 100), "guard_layer": (0, 1000),
         "min_accuracy": (0.0, 1.0), "min_white_box_asr": (0.0, 1.0)}
 
+    METHODS: ClassVar[dict[str, Method]]
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
@@ -182,7 +187,7 @@ def _train_mlp(x: np.ndarray, y: np.ndarray, cfg: Config, seed: int, n_out: int 
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
     xt, yt = torch.tensor(x, dtype=torch.float32), torch.tensor(y)
     g = torch.Generator().manual_seed(seed)
-    for _ in range(0 if cfg.null_method else cfg.epochs):
+    for _ in range(method_impl(cfg)(cfg.epochs)):
         perm = torch.randperm(len(xt), generator=g)
         for i in range(0, len(xt), cfg.batch):
             j = perm[i:i + cfg.batch]
@@ -454,7 +459,13 @@ def _track_l(ctx: RunContext, cfg: Config, seed: int) -> tuple[list[Check], dict
     return checks, out
 
 
-@register_suite("repsim", version=3, config=Config, null_method="every MLP is left at its random initialisation")
+Config.METHODS = {
+    "trained": Method("every MLP trained on its task", train_for),
+    "null": Method("every MLP is left at its random initialisation", leave_untrained),
+}
+
+
+@register_suite("repsim", version=3, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)
     rng = np.random.default_rng(seed)

@@ -9,7 +9,7 @@ the TAEF metric families: information coverage (micro/macro, strict/non-strict),
 Coverage@1, table recall/precision/F1, tool success and parallelism. The judge is the method under
 test: scripted agents with exactly known scores (including one that pads the right answer with a
 flood of other numbers, which TAEF's |Δ| ≤ 0.1 rule alone would credit) and hand-made cases gate it.
-The ``null_method`` swaps in a judge that credits any non-empty answer, which must fail them.
+The null method swaps in a judge that credits any non-empty answer, which must fail them.
 
 The served model then plays three parts: TAEF's LLM judge (yes/no by log-likelihood on scripted
 (answer, score point) pairs, measured as agreement with the exact verdicts), the user simulator
@@ -33,7 +33,16 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from offline_suites.base import Check, RunContext, SuiteResult, check_close, check_equal, claim
+from offline_suites.base import (
+    Check,
+    Method,
+    RunContext,
+    SuiteResult,
+    check_close,
+    check_equal,
+    claim,
+    method_impl,
+)
 from offline_suites.registry import register_suite
 
 REGIONS = {"North": "北部", "South": "南部", "East": "东部", "West": "西部", "Central": "中部"}
@@ -59,7 +68,7 @@ class Config:
     llm_user_simulator: bool = True  # the served model phrases each question (verbatim on a bad paraphrase)
     judge_items: int = 16            # scripted (answer, point) pairs the served model judges (0 = skip)
     sandbox_timeout_s: float = 20.0
-    null_method: bool = False        # a judge that credits every non-empty answer: the gates must fail
+    method: str = "rule-judge"       # a name in METHODS; "null": a judge that credits any non-empty answer
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "run_seeds": (1, 20),
@@ -67,6 +76,7 @@ class Config:
         "llm_max_steps": (0, 100), "llm_max_tokens": (1, 4096), "llm_parallel": (1, 64), "judge_items": (0, 10_000),
         "sandbox_timeout_s": (1.0, 600.0)}
 
+    METHODS: ClassVar[dict[str, Method]]
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
@@ -650,8 +660,13 @@ def judge_items(traces: list[Trace], judge: Judge, rng: np.random.Generator,
 
 
 # ------------------------------------------------------------------------------------------ suite
-@register_suite("tableagent", version=3, config=Config,
-                null_method="the rule judge is replaced by one that credits every non-empty answer")
+Config.METHODS = {
+    "rule-judge": Method("the rule judge (TAEF's point rules, no numeric credit for a flood of numbers)", rule_judge),
+    "null": Method("the rule judge is replaced by one that credits every non-empty answer", lenient_judge),
+}
+
+
+@register_suite("tableagent", version=3, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     cfg = config
     rng = np.random.default_rng(seed)
@@ -668,7 +683,7 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     ctx.record_data("tableworld_manifest", json.dumps(manifest, sort_keys=True, ensure_ascii=False))
     ctx.save_json("tableworld_manifest.json", manifest)
 
-    judge = lenient_judge if cfg.null_method else rule_judge
+    judge = method_impl(cfg)
 
     def covered(point: dict[str, Any], answer: str) -> bool:
         return judge([point], answer)[0]

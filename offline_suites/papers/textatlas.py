@@ -10,7 +10,7 @@ standard library's ``this.py``) at controlled corruption levels whose expected s
 corruption (word drop p → accuracy = kept/total; duplication → accuracy 1, F1 = 2P/(1+P)). The served LLM's
 own long-text rendering is scored the same way: it is asked for an SVG card of a passage, and the
 ``<text>`` elements of its answer (a restricted SVG subset: x, y, font-size, text content) are rasterised
-with PIL. ``null_method`` replaces the OCR read-back by a reader that returns no text (it never looks at the
+with PIL. The null method replaces the OCR read-back by a reader that returns no text (it never looks at the
 image), so the corruption gates must fail.
 """
 
@@ -29,12 +29,14 @@ import numpy as np
 
 from offline_suites.base import (
     Check,
+    Method,
     RunContext,
     SuiteResult,
     check_close,
     check_cmp,
     check_equal,
     claim,
+    method_impl,
     set_threads,
 )
 from offline_suites.registry import register_suite
@@ -55,7 +57,7 @@ class Config:
     llm_max_tokens: int = 64         # an 8-word card is ~45 tokens of SVG; CPU decoding dominates SMOKE
     match_ratio: float = 80.0        # fuzzy word-match threshold (fuzzywuzzy ratio)
     drop_tolerance: float = 0.02     # |accuracy − kept/total|
-    null_method: bool = False        # the read-back returns no text instead of OCR
+    method: str = "ocr"              # a name in METHODS; "null": a read-back that returns no text
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "run_seeds": (1, 20),
@@ -64,6 +66,7 @@ class Config:
         "length_words": (1, 130), "length_canvas": (64, 1024), "llm_lengths": (1, 130),
         "llm_max_tokens": (16, 2048), "match_ratio": (0.0, 100.0), "drop_tolerance": (0.0, 1.0)}
 
+    METHODS: ClassVar[dict[str, Method]]
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
@@ -258,27 +261,31 @@ def swap_letters(words: list[str], p: float, rng: np.random.Generator) -> list[s
     return out
 
 
+class BlankReader:
+    """The null reader: it sees neither the image nor the text meant to be in it, and reads nothing."""
+
+    label = "null reader (no text)"
+
+    def read(self, image: Any) -> str:
+        return ""
+
+
 class Reader:
     """The pinned OCR: no angle classifier, detection at the image's own resolution (RapidOCR's default
     upscales the short side to 736 px, which costs seconds and splits lines), lower box threshold."""
 
-    def __init__(self, null: bool) -> None:
-        self.null = null
-        self.engine: Any = None
-        if not null:
-            from rapidocr import RapidOCR
+    label = "rapidocr 3.10 PP-OCRv6-small (ch+en) det/rec, no cls"
 
-            self.engine = RapidOCR(params={
-                "Global.use_cls": False, "Global.log_level": "error", "Det.box_thresh": 0.3, "Det.unclip_ratio": 2.0,
-                "Det.limit_type": "max", "Det.limit_side_len": 1024,
-                "EngineConfig.onnxruntime.intra_op_num_threads": 1, "EngineConfig.onnxruntime.inter_op_num_threads": 1})
+    def __init__(self) -> None:
+        from rapidocr import RapidOCR
 
+        self.engine: Any = RapidOCR(params={
+            "Global.use_cls": False, "Global.log_level": "error", "Det.box_thresh": 0.3, "Det.unclip_ratio": 2.0,
+            "Det.limit_type": "max", "Det.limit_side_len": 1024,
+            "EngineConfig.onnxruntime.intra_op_num_threads": 1, "EngineConfig.onnxruntime.inter_op_num_threads": 1})
         self._memo: dict[bytes, str] = {}
 
     def read(self, image: Any) -> str:
-        if self.null:
-            # the null reader sees neither the image nor the text meant to be in it
-            return ""
         arr = np.asarray(image.convert("RGB"))
         key = arr.tobytes() + bytes(str(arr.shape), "ascii")   # the clean page recurs as drop 0 and blur 0
         if key not in self._memo:
@@ -301,8 +308,14 @@ def _llm_prompt(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------- run
-@register_suite("textatlas", version=1, config=Config,
-                null_method="the OCR read-back is replaced by a reader that returns no text (it never looks at the image)")
+Config.METHODS = {
+    "ocr": Method("the pinned RapidOCR read-back", Reader),
+    "null": Method("the OCR read-back is replaced by a reader that returns no text (it never looks at the image)",
+                   BlankReader),
+}
+
+
+@register_suite("textatlas", version=1, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)
     cfg = config
@@ -310,7 +323,7 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     words_all, raw = zen_words()
     ctx.record_data("zen_of_python", raw)
     ctx.record_data("font", font_path().read_bytes())
-    reader = Reader(cfg.null_method)
+    reader: Reader | BlankReader = method_impl(cfg)()
     thr = cfg.match_ratio
     checks: list[Check] = [
         check_close("fuzz_ratio_reference", "gate", 61.53846, fuzz_ratio("kitten", "sitting"), 1e-4,
@@ -456,8 +469,7 @@ def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
             ctx.artifacts.append(f"textatlas_{name}.png")
 
     metrics: dict[str, Any] = {"corruption": res, "kept_share": kept, "llm_svg": llm,
-                               "ocr": "rapidocr 3.10 PP-OCRv6-small (ch+en) det/rec, no cls" if not cfg.null_method
-                               else "null reader (no text)",
+                               "ocr": reader.label,
                                "unavailable": {"clip_score": "no CLIP weights offline", "fid": "no Inception weights offline"}}
     ctx.save_json("textatlas_metrics.json", metrics)
     reference = {"paper_gpt4o_cleantextsynth": {"acc": 60.69, "f1": 74.44, "cer": 0.36},

@@ -18,20 +18,31 @@ abstract describes, reimplemented here).
   pooled features lie in [0, clip]^n, so int8/int4 weight rounding moves a score by at most
   max(Σ_{Δw>0} Δw, Σ_{Δw<0} |Δw|)·clip, and a verdict whose margin |score − γ| exceeds that cannot flip.
 
-``null_method`` replaces the minimal-norm formula by a feasible but non-minimal one (Δz bᵀ / bᵀa with a
+The null method replaces the minimal-norm formula by a feasible but non-minimal one (Δz bᵀ / bᵀa with a
 random b): it still achieves the change, so only the minimality gates can notice.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
-from offline_suites.base import Check, Claim, RunContext, SuiteResult, check_cmp, claim, set_threads
+from offline_suites.base import (
+    Check,
+    Claim,
+    Method,
+    RunContext,
+    SuiteResult,
+    check_cmp,
+    claim,
+    method_impl,
+    set_threads,
+)
 from offline_suites.registry import register_suite
 
 HEADS = Path(__file__).resolve().parents[2] / "guard" / "artifacts" / "monitors" / "lora" / "heads.json"
@@ -53,7 +64,7 @@ class Config:
     backdoor_epochs: int = 200
     ranks: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 96, 127)
     min_accuracy: float = 0.9
-    null_method: bool = False
+    method: str = "min-norm"          # a name in METHODS; "null": a feasible, non-minimal formula
     run_seeds: int = 1               # independent runs (seed, seed+1, …): claims get a CI across them
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {
         "run_seeds": (1, 20),
@@ -62,6 +73,7 @@ class Config:
         "attack_rank": (1, 1024), "beta": (0.0, 100.0), "backdoor_epochs": (0, 100_000), "ranks": (1, 1024),
         "min_accuracy": (0.0, 1.0)}
 
+    METHODS: ClassVar[dict[str, Method]]
     SMOKE: ClassVar[Config]
     FULL: ClassVar[Config]
 
@@ -72,24 +84,34 @@ Config.FULL = Config(run_seeds=3, layers=200, feasible_samples=10_000, epochs=60
 
 
 # ------------------------------------------------------------------------------- exact formulas
-def min_norm_perturbation(a: np.ndarray, dz: np.ndarray, null: bool = False,
-                          rng: np.random.Generator | None = None) -> np.ndarray:
-    """Smallest-Frobenius ΔW with ΔW a = Δz: Δz aᵀ / ‖a‖². Null: Δz bᵀ / (bᵀa), b random (feasible)."""
-    if null:
-        assert rng is not None
-        b = a + np.linalg.norm(a) * rng.standard_normal(a.shape) / np.sqrt(a.size)
-        return np.outer(dz, b) / float(b @ a)
+def min_norm_perturbation(a: np.ndarray, dz: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Smallest-Frobenius ΔW with ΔW a = Δz: Δz aᵀ / ‖a‖²."""
     return np.outer(dz, a) / float(a @ a)
 
 
-def min_norm_multi(a: np.ndarray, dz: np.ndarray, null: bool = False,
-                   rng: np.random.Generator | None = None) -> np.ndarray:
-    """Smallest ΔW with ΔW A = ΔZ (A: n×N inputs as columns, N ≤ n): ΔZ A⁺. Null: ΔZ (BᵀA)⁻¹Bᵀ."""
-    if null:
-        assert rng is not None
-        b = a + rng.standard_normal(a.shape) * np.linalg.norm(a) / np.sqrt(a.size)
-        return dz @ np.linalg.solve(b.T @ a, b.T)  # type: ignore[no-any-return]
+def min_norm_multi(a: np.ndarray, dz: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Smallest ΔW with ΔW A = ΔZ (A: n×N inputs as columns, N ≤ n): ΔZ A⁺."""
     return dz @ np.linalg.pinv(a)  # type: ignore[no-any-return]
+
+
+def feasible_perturbation(a: np.ndarray, dz: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A feasible ΔW with ΔW a = Δz that is not the smallest: Δz bᵀ / (bᵀa), b a random tilt of a."""
+    b = a + np.linalg.norm(a) * rng.standard_normal(a.shape) / np.sqrt(a.size)
+    return np.outer(dz, b) / float(b @ a)
+
+
+def feasible_multi(a: np.ndarray, dz: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A feasible ΔW with ΔW A = ΔZ that is not the smallest: ΔZ (BᵀA)⁻¹Bᵀ, B a random tilt of A."""
+    b = a + rng.standard_normal(a.shape) * np.linalg.norm(a) / np.sqrt(a.size)
+    return dz @ np.linalg.solve(b.T @ a, b.T)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class Formula:
+    """A method's weight perturbation for one input (``single``) and for several at once (``multi``)."""
+
+    single: Callable[[np.ndarray, np.ndarray, np.random.Generator], np.ndarray]
+    multi: Callable[[np.ndarray, np.ndarray, np.random.Generator], np.ndarray]
 
 
 def _exactness(cfg: Config, rng: np.random.Generator) -> tuple[list[Check], dict[str, Any]]:
@@ -98,7 +120,7 @@ def _exactness(cfg: Config, rng: np.random.Generator) -> tuple[list[Check], dict
         m, n = int(rng.integers(4, 40)), int(rng.integers(8, 80))
         w = rng.standard_normal((m, n))
         a, dz = rng.standard_normal(n), rng.standard_normal(m)
-        dw = min_norm_perturbation(a, dz, cfg.null_method, rng)
+        dw = method_impl(cfg).single(a, dz, rng)
         achieve.append(float(np.abs((w + dw) @ a - (w @ a + dz)).max()))
         pred = np.linalg.norm(dz) / np.linalg.norm(a)
         norm_err.append(abs(np.linalg.norm(dw) - pred) / pred)
@@ -110,7 +132,7 @@ def _exactness(cfg: Config, rng: np.random.Generator) -> tuple[list[Check], dict
             smaller += int(np.sum(np.linalg.norm(base + nmat, axis=(1, 2)) < np.linalg.norm(dw) * (1 - 1e-12)))
         nb = int(rng.integers(2, max(3, n // 2)))
         am, dzm = rng.standard_normal((n, nb)), rng.standard_normal((m, nb))
-        dwm = min_norm_multi(am, dzm, cfg.null_method, rng)
+        dwm = method_impl(cfg).multi(am, dzm, rng)
         multi_achieve.append(float(np.abs(dwm @ am - dzm).max()))
         lst = np.linalg.lstsq(am.T, dzm.T, rcond=None)[0].T        # lstsq returns the minimum-norm solution
         multi_vs_lstsq.append(float(abs(np.linalg.norm(dwm) - np.linalg.norm(lst)) / np.linalg.norm(lst)))
@@ -215,7 +237,7 @@ def _flip_radii(ws: list[np.ndarray], x: np.ndarray, cfg: Config, rng: np.random
             t = int(np.argmin(est))
             lip = float(m.min() / (np.sqrt(2) * np.linalg.norm(a_in) * np.prod(spec[layer + 1:])))
             # the exact single-layer perturbation along the back-propagated direction (rank one)
-            direction = min_norm_perturbation(a_in, -g[t] / gn[t], cfg.null_method, rng)
+            direction = method_impl(cfg).single(a_in, -g[t] / gn[t], rng)
             found = _bisect(ws, x[i], layer, direction, c, float(est[t]))
             rows.append({"layer": layer + 1, "estimate": float(est[t]), "found": found, "lipschitz": lip,
                          "norm_dir": float(np.linalg.norm(direction))})
@@ -256,7 +278,7 @@ def _optimise_last_layer(ws: list[np.ndarray], x: np.ndarray, cfg: Config, rng: 
         t = int(np.delete(np.arange(10), c)[np.argmin(m)])
         dz = np.zeros(10)
         dz[c], dz[t] = -m.min() / 2, m.min() / 2
-        formula = float(np.linalg.norm(min_norm_perturbation(a, dz, cfg.null_method, rng)))
+        formula = float(np.linalg.norm(method_impl(cfg).single(a, dz, rng)))
         at = torch.tensor(a)
         dw = torch.zeros(10, a.size, dtype=torch.float64, requires_grad=True)
         opt = torch.optim.Adam([dw], lr=0.01 * formula / np.sqrt(a.size) + 1e-6)
@@ -376,8 +398,15 @@ def _guard(ctx: RunContext, cfg: Config, rng: np.random.Generator) -> tuple[list
 
 
 # ---------------------------------------------------------------------------------------- run
-@register_suite("weight-perturb", version=1, config=Config,
-                null_method="the minimal-norm formula is replaced by a feasible non-minimal one (Δz bᵀ/bᵀa, b random)")
+Config.METHODS = {
+    "min-norm": Method("the paper's minimal-norm perturbation Δz aᵀ/‖a‖² (ΔZ A⁺ for several inputs)",
+                       Formula(min_norm_perturbation, min_norm_multi)),
+    "null": Method("the minimal-norm formula is replaced by a feasible non-minimal one (Δz bᵀ/bᵀa, b random)",
+                   Formula(feasible_perturbation, feasible_multi)),
+}
+
+
+@register_suite("weight-perturb", version=1, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     cfg = config
     set_threads(1)

@@ -18,15 +18,15 @@ def test_tree_depth_needs_a_root_of_the_leaf_count() -> None:
         tree_depth(64, 3)
 
 
-@pytest.mark.parametrize("null", [False, True])
-def test_tree_chain_error_between_first_step_and_step_sum(null: bool) -> None:
+@pytest.mark.parametrize("method", ["trained", "null"])
+def test_tree_chain_error_between_first_step_and_step_sum(method: str) -> None:
     """The chain fails iff some step fails after a correct prefix: ε₁ ≤ chain ≤ Σ εₜ exactly, for a
     trained model and for an untrained one."""
-    cfg = dataclasses.replace(Config.SMOKE, tree_steps=20, test_samples=500, hidden=16, null_method=null)
+    cfg = dataclasses.replace(Config.SMOKE, tree_steps=20, test_samples=500, hidden=16, method=method)
     r = _tree_error(3, 4, 3, cfg, seed=1)
     assert r["depth"] == 3 and len(r["step_errors"]) == 3
     assert r["step_errors"][0] <= r["error"] <= r["step_error_sum"] + 1e-12
-    if null:   # an untrained net guesses: far above the trained gate
+    if method == "null":   # an untrained net guesses: far above the trained gate
         assert r["error"] > 0.5
 
 

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import pytest
 
-from offline_suites.base import Check, RunContext, SuiteResult, claim, mean_ci95, verdict_for
+from offline_suites.base import Check, Method, RunContext, SuiteResult, claim, mean_ci95, verdict_for
 from offline_suites.registry import get_suite, register_suite, unregister_suite
 
 
@@ -64,9 +64,10 @@ def test_claim_arguments_validated() -> None:
 
 @dataclass(frozen=True)
 class _Cfg:
-    null_method: bool = False
+    method: str = "demo"
     run_seeds: int = 1
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {"run_seeds": (1, 20)}
+    METHODS: ClassVar[dict[str, Method]] = {"demo": Method("demo", None), "null": Method("nothing", None)}
     SMOKE: ClassVar[_Cfg]
     FULL: ClassVar[_Cfg]
 
@@ -78,7 +79,7 @@ _Cfg.FULL = _Cfg(run_seeds=3)
 def test_seeds_merge_into_one_verdict(tmp_path: Path) -> None:
     seen: list[int] = []
 
-    @register_suite("claims-demo", version=1, config=_Cfg, null_method="nothing")
+    @register_suite("claims-demo", version=1, config=_Cfg)
     def run(ctx: RunContext, config: _Cfg, seed: int) -> SuiteResult:
         seen.append(seed)
         ctx.save_json("out.json", {"seed": seed})

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from offline_suites.base import RunContext, build_config, verdict_for
+from offline_suites.base import NULL, RunContext, build_config, verdict_for
 from offline_suites.registry import BUILTIN_MODULES, get_suite, list_suites
 
 SMOKE_BUDGET_S = 60.0
@@ -95,12 +95,13 @@ def test_smoke_contract(name: str, suite_llm: Any, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_null_method_fails_a_gate(name: str, suite_llm: Any, tmp_path: Path) -> None:
-    """SMOKE with the suite's method replaced by its null variant: if every gate still passes, the
-    gates do not look at what the method produced. Sanity checks do not count."""
-    body = _run(name, suite_llm, tmp_path, overrides={"null_method": True})
-    assert body["provenance"]["config"]["null_method"] is True
+    """SMOKE with the suite's method replaced by the one registered as "null", selected by name like any
+    method: if every gate still passes, the gates do not look at what the method produced. Sanity checks
+    do not count."""
+    body = _run(name, suite_llm, tmp_path, overrides={"method": NULL})
+    assert body["provenance"]["config"]["method"] == NULL
     gates = [c for c in body["checks"] if c["kind"] == "gate"]
     assert gates and not body["summary"]["gates_passed"], (
-        f"{name}: every gate passed with the null method ({get_suite(name).null_method}): "
+        f"{name}: every gate passed with the null method ({get_suite(name).methods[NULL].description}): "
         f"{[c['name'] for c in gates]}")
     assert body["provenance"]["wall_s"] <= SMOKE_BUDGET_S, f"{name}: null SMOKE took {body['provenance']['wall_s']} s"

@@ -1,11 +1,22 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import re
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
-from offline_suites.base import ConfigError, build_config, numeric_fields
+from offline_suites.base import (
+    NULL,
+    ConfigError,
+    Method,
+    build_config,
+    leave_untrained,
+    numeric_fields,
+    train_for,
+)
 from offline_suites.registry import (
     BUILTIN_MODULES,
     DuplicateSuiteError,
@@ -29,48 +40,71 @@ def test_builtin_set_is_exact() -> None:
 def test_duplicate_name_raises() -> None:
     suite = get_suite("cgm")
     with pytest.raises(DuplicateSuiteError, match="already registered"):
-        register_suite("cgm", version=1, config=suite.config_cls, null_method="x")(lambda ctx, c, s: None)
+        register_suite("cgm", version=1, config=suite.config_cls)(lambda ctx, c, s: None)
 
 
 @dataclasses.dataclass(frozen=True)
 class _NoNull:
     steps: int = 1
+    method: str = "fit"
+    run_seeds: int = 1
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {"steps": (0, 5), "run_seeds": (1, 20)}
+    METHODS: ClassVar[dict[str, Method]] = {"fit": Method("trained", train_for)}
     SMOKE: ClassVar[_NoNull]
     FULL: ClassVar[_NoNull]
 
 
 _NoNull.SMOKE = _NoNull()
-_NoNull.FULL = _NoNull(steps=2)
+_NoNull.FULL = _NoNull(steps=2, run_seeds=3)
 
 
 @dataclasses.dataclass(frozen=True)
-class _NullOnByDefault:
-    null_method: bool = False
+class _NullByDefault:
+    method: str = "fit"
     run_seeds: int = 1
-    SMOKE: ClassVar[_NullOnByDefault]
-    FULL: ClassVar[_NullOnByDefault]
+    BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {"run_seeds": (1, 20)}
+    METHODS: ClassVar[dict[str, Method]] = {"fit": Method("trained", train_for),
+                                            "null": Method("untrained", leave_untrained)}
+    SMOKE: ClassVar[_NullByDefault]
+    FULL: ClassVar[_NullByDefault]
 
 
-_NullOnByDefault.SMOKE = _NullOnByDefault()
-_NullOnByDefault.FULL = _NullOnByDefault(null_method=True)
+_NullByDefault.SMOKE = _NullByDefault(method="null")
+_NullByDefault.FULL = _NullByDefault(method="null", run_seeds=3)
 
 
 def test_null_method_is_required() -> None:
-    # a suite without a null variant cannot be mutation-tested, so it cannot register
-    with pytest.raises(TypeError, match="needs a field `null_method: bool = False`"):
-        register_suite("no-null", version=1, config=_NoNull, null_method="untrained")
-    with pytest.raises(TypeError, match="needs a field `null_method: bool = False`"):
-        register_suite("null-on", version=1, config=_NullOnByDefault, null_method="untrained")
-    with pytest.raises(TypeError, match="null_method must say"):
-        register_suite("no-text", version=1, config=get_suite("cgm").config_cls, null_method=" ")
-    assert "no-null" not in {s.name for s in list_suites()}
+    # a suite without a null method cannot be mutation-tested, so it cannot register
+    with pytest.raises(TypeError, match="METHODS must map method names to Method"):
+        register_suite("no-null", version=1, config=_NoNull)
+    # the presets run the suite's own method, never the null
+    with pytest.raises(TypeError, match="needs a field `method: str` naming one of its METHODS other than 'null'"):
+        register_suite("null-on", version=1, config=_NullByDefault)
+    _NoNull.METHODS = {"fit": Method("trained", train_for), "null": Method(" ", leave_untrained)}
+    try:
+        with pytest.raises(TypeError, match="METHODS must map"):
+            register_suite("no-text", version=1, config=_NoNull)
+    finally:
+        _NoNull.METHODS = {"fit": Method("trained", train_for)}
+    assert not {"no-null", "null-on", "no-text"} & {s.name for s in list_suites()}
+
+
+def test_no_paper_reads_a_null_flag() -> None:
+    """The method is chosen by name through ``Config.METHODS``; a suite that branched on the name (or kept a
+    null flag) would let its checks know which method they measure."""
+    for mod in BUILTIN_MODULES:
+        src = Path(importlib.import_module(mod).__file__ or "").read_text()
+        assert "null_method" not in src, mod
+        assert not re.search(r"\.method\s*(==|!=|\bin\b|\bis\b)", src), f"{mod} branches on the method's name"
+        assert "method_impl(" in src, f"{mod} never looks its method up by name"
 
 
 @dataclasses.dataclass(frozen=True)
 class _OneSeedFull:
-    null_method: bool = False
+    method: str = "fit"
     run_seeds: int = 1
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {"run_seeds": (1, 20)}
+    METHODS: ClassVar[dict[str, Method]] = _NullByDefault.METHODS
     SMOKE: ClassVar[_OneSeedFull]
     FULL: ClassVar[_OneSeedFull]
 
@@ -82,7 +116,7 @@ _OneSeedFull.FULL = _OneSeedFull(run_seeds=2)
 def test_full_preset_needs_three_seeds() -> None:
     # a FULL claim's verdict needs a CI over seeds, so a FULL preset with fewer than three cannot register
     with pytest.raises(TypeError, match=r"run_seeds: int` \(>= 1 in SMOKE, >= 3 in FULL\)"):
-        register_suite("one-seed", version=1, config=_OneSeedFull, null_method="x")
+        register_suite("one-seed", version=1, config=_OneSeedFull)
     for s in list_suites():
         if s.fn.__module__ in BUILTIN_MODULES:
             assert s.config_cls.FULL.run_seeds >= 3 and s.config_cls.SMOKE.run_seeds >= 1, s.name
@@ -91,8 +125,9 @@ def test_full_preset_needs_three_seeds() -> None:
 @dataclasses.dataclass(frozen=True)
 class _Unbounded:
     steps: int = 1
-    null_method: bool = False
+    method: str = "fit"
     run_seeds: int = 1
+    METHODS: ClassVar[dict[str, Method]] = _NullByDefault.METHODS
     SMOKE: ClassVar[_Unbounded]
     FULL: ClassVar[_Unbounded]
 
@@ -103,12 +138,12 @@ _Unbounded.FULL = _Unbounded(steps=10, run_seeds=3)
 
 def test_numeric_fields_must_be_bounded() -> None:
     with pytest.raises(TypeError, match="BOUNDS lacks .* steps"):
-        register_suite("unbounded", version=1, config=_Unbounded, null_method="x")
+        register_suite("unbounded", version=1, config=_Unbounded)
     _Unbounded.BOUNDS = {"steps": (0, 5), "run_seeds": (1, 20)}  # type: ignore[attr-defined]
     try:
         # a preset outside its own bounds is a registration error, not a runtime surprise
         with pytest.raises(TypeError, match=r"FULL: config field 'steps' must be within \[0, 5\]"):
-            register_suite("unbounded", version=1, config=_Unbounded, null_method="x")
+            register_suite("unbounded", version=1, config=_Unbounded)
     finally:
         del _Unbounded.BOUNDS  # type: ignore[attr-defined]
 
@@ -129,11 +164,15 @@ def test_overrides_outside_bounds_rejected() -> None:
             assert set(s.config_cls.BOUNDS) >= set(numeric_fields(s.config_cls)), s.name
 
 
-def test_every_suite_declares_its_null_method() -> None:
+def test_every_suite_registers_a_null_method() -> None:
     for s in list_suites():
         if s.fn.__module__ in BUILTIN_MODULES:
-            assert s.null_method and s.info()["null_method"] == s.null_method, s.name
-            assert build_config(s.config_cls, "smoke", {"null_method": True}).null_method is True
+            own = s.config_cls.SMOKE.method
+            assert own != NULL and {own, NULL} <= set(s.methods), s.name
+            assert s.info()["methods"] == {k: m.description for k, m in s.methods.items()}, s.name
+            assert build_config(s.config_cls, "smoke", {"method": NULL}).method == NULL
+    with pytest.raises(ConfigError, match="Unknown method 'nul'. Did you mean: null"):
+        build_config(get_suite("cgm").config_cls, "smoke", {"method": "nul"})
 
 
 def test_unknown_name_suggests() -> None:

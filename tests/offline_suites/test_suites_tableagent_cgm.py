@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
+from offline_suites.base import Method
 from offline_suites.llm import ChatReply, ContextTooLong
 from offline_suites.papers.tableagent import (
     PARENTS,
@@ -151,7 +152,7 @@ def test_provenance_records_the_door_to_the_model(tmp_path: Path) -> None:
     assert owned.describe() == {"door": "api", "client": "OpenAILLMClient", "base_url": "http://gateway:8000/v1",
                                 "tenant": "acme", "model_id": "m", "guarded": True}
 
-    @register_suite("door-demo", version=1, config=_DoorCfg, null_method="nothing")
+    @register_suite("door-demo", version=1, config=_DoorCfg)
     def run(ctx: RunContext, config: _DoorCfg, seed: int) -> Any:
         assert ctx.llm.model_id == "m"
         ctx.model_path()
@@ -172,8 +173,9 @@ def test_provenance_records_the_door_to_the_model(tmp_path: Path) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _DoorCfg:
-    null_method: bool = False
+    method: str = "demo"
     run_seeds: int = 1
+    METHODS: ClassVar[dict[str, Any]] = {"demo": Method("demo", None), "null": Method("nothing", None)}
     SMOKE: ClassVar[_DoorCfg]
     FULL: ClassVar[_DoorCfg]
     BOUNDS: ClassVar[dict[str, tuple[float, float]]] = {"run_seeds": (1, 10)}
