@@ -47,7 +47,13 @@ def test_monitor_is_sparse_and_calibrated_under_the_budget(name: str) -> None:
     assert spec.encoder.W.shape[0] == D_MODEL
     for gate, budget in (("prompt", cfg["budget_prompt"]), ("response", cfg["budget_response"])):
         g = spec.gates[gate]
-        assert 0 < len(g.overall.ids) <= cfg["head"]["max_latents"]
+        # sparse: no more latents than the variant it was fitted as allowed, and that variant is one of the
+        # gate's grid
+        hc = g.calibration["head"]
+        grid = cfg.get(f"{gate}_head_grid") or [[cfg["head"]["window"], cfg["head"]["min_count"], cfg["head"]["l1"],
+                                                 cfg["head"]["max_latents"]]]
+        assert [hc["window"], hc["min_count"], hc["l1"], hc["max_latents"]] in [list(v) for v in grid]
+        assert 0 < len(g.overall.ids) <= hc["max_latents"] <= cfg["sae"]["width"] // 10
         assert set(g.all_ids()) <= set(spec.encoder.ids)
         assert np.isfinite(g.threshold)
         # the default threshold is the one the budget buys on the calibration split's benign traffic
