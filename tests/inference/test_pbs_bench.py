@@ -27,9 +27,10 @@ def test_op_row_times_both_paths_and_reports_plan_quality(tmp_path: Path) -> Non
     assert row["layers"] == [0, 3]
     assert row["dense_sdpa_s"] > 0 and row["pbs_s"] > row["pbs_plan_s"] > 0
     assert 0.0 < row["density"] < 1.0 and 0.9 < row["recall"] <= 1.0
-    # the speedup is the ratio of the two reported times; those are rounded to 1 µs for the report, so
-    # recomputing it from them agrees only to that rounding (a few-ms op at this size)
-    assert row["speedup_vs_sdpa"] == pytest.approx(row["dense_sdpa_s"] / row["pbs_s"], rel=5e-3)
+    # the speedup is the ratio of the two reported times, reported to 3 decimals; the times are rounded to
+    # 1 µs for the report, so recomputing it from them agrees to half the speedup's last digit plus that
+    # rounding (a few-ms op at this size)
+    assert row["speedup_vs_sdpa"] == pytest.approx(row["dense_sdpa_s"] / row["pbs_s"], rel=5e-3, abs=5e-4)
 
     q, k, _ = qkv[0]
     curve = _mean_curves([_curve(q, k, settings)])
