@@ -443,7 +443,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
     from guard.hardware import build_dtype
     from guard.recipe.cache import build_cache
     from guard.recipe.encode import encode_cached
-    from guard.recipe.pipeline import PRESETS, fit_gate, is_benign_traffic, reference_gate
+    from guard.recipe.pipeline import PRESETS, default_work_dir, fit_gate, is_benign_traffic, reference_gate
     from guard.recipe.safeguard import verdict_scores
     from guard.recipe.selection import HeadConfig
     from guard.sae import load_sae
@@ -456,11 +456,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
     man = read_manifest(art)
     prov = json.loads((art / "provenance.json").read_text())
     preset = prov.get("preset", "cpu")
-    if work_dir is None:
-        from inference.embedded import nextguard_home
-
-        work_dir = nextguard_home() / "guard-build" / preset
-    work = Path(work_dir)
+    work = Path(work_dir) if work_dir is not None else default_work_dir(preset)
     parts = load_build_data(art)
     every = parts["select"] + parts["calib"] + parts["test"]
     n_sel, n_cal = len(parts["select"]), len(parts["calib"])

@@ -287,6 +287,15 @@ def drift_streams(benign: Sequence[Sample], unsafe: Sequence[Sample], n: int, se
     return out
 
 
+def _assemble(samples: Sequence[Sample], cfg: DataConfig) -> Dataset:
+    """Samples, in the given order, into the split their group hashes to, with per-source counts."""
+    parts: dict[str, list[Sample]] = {k: [] for k in SPLITS}
+    for s in samples:
+        parts[split_of(s.group, cfg.seed, cfg.splits)].append(s)
+    src = Counter(f"{s.source}|{s.gate}|{s.label}" for s in samples)
+    return Dataset(parts, dict(sorted(src.items())))
+
+
 def build_dataset(cfg: DataConfig, cache_dir: Path, model: str | None = None) -> Dataset:
     """Generate (or reuse the cached) answers and assemble the split dataset."""
     s1 = generate(plan_stage1(cfg), cache_dir / "stage1.jsonl", concurrency=cfg.concurrency, model=model, backend=cfg.backend)
@@ -301,11 +310,7 @@ def build_dataset(cfg: DataConfig, cache_dir: Path, model: str | None = None) ->
     benign_answers = [s for s in responses if s.label == 0 and s.source.startswith("generator/benign")]
     unsafe_bodies = [s for s in responses if s.label == 1 and "drift" not in s.source]
     responses += drift_streams(benign_answers, unsafe_bodies, cfg.n_drift, cfg.seed + 14)
-    parts: dict[str, list[Sample]] = {k: [] for k in SPLITS}
-    for s in sorted(prompts + responses, key=lambda s: s.key()):
-        parts[split_of(s.group, cfg.seed, cfg.splits)].append(s)
-    src = Counter(f"{s.source}|{s.gate}|{s.label}" for s in prompts + responses)
-    return Dataset(parts, dict(sorted(src.items())))
+    return _assemble(sorted(prompts + responses, key=lambda s: s.key()), cfg)
 
 
 # Families a published dataset can be regenerated for on their own (their prompt list changed), without
@@ -352,15 +357,10 @@ def refresh_family(ds: Dataset, family: str, cfg: DataConfig, cache_dir: Path, m
     answers = _response_samples([v for k, v in res.items() if k in keys])
     unsafe_bodies = [s for s in kept if s.gate == "response" and s.label == 1 and s.source != "constructed/drift"]
     drift = drift_streams(answers, unsafe_bodies, n_drift, cfg.seed + 14)
-    parts: dict[str, list[Sample]] = {k: [] for k in SPLITS}
-    for s in kept:
-        parts[split_of(s.group, cfg.seed, cfg.splits)].append(s)
-    for s in sorted(rows + answers + drift, key=lambda s: s.key()):
-        parts[split_of(s.group, cfg.seed, cfg.splits)].append(s)
-    src = Counter(f"{s.source}|{s.gate}|{s.label}" for v in parts.values() for s in v)
+    new = _assemble(kept + sorted(rows + answers + drift, key=lambda s: s.key()), cfg)
     log.info("refreshed %s: %d prompt rows, %d answers, %d drift streams (dropped %d rows)", family, len(rows),
              len(answers), len(drift), len(old) - len(kept))
-    return Dataset(parts, dict(sorted(src.items())))
+    return new
 
 
 def save_dataset(ds: Dataset, path: Path) -> dict[str, Any]:
