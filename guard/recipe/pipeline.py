@@ -55,13 +55,16 @@ class BuildConfig:
     prompt_head_grid: tuple[tuple[int, int, float, int], ...] = (
         (16, 4, 3e-3, 64), (64, 8, 1e-3, 128), (256, 8, 1e-3, 256))
     response_head_grid: tuple[tuple[int, int, float, int], ...] = (
-        (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128))
+        (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128), (32, 8, 1e-3, 256))
     budget_prompt: float = 0.02      # share of benign prompts the prompt gate may refuse (calibration split)
     budget_response: float = 0.02    # share of full-length benign answers the response gate may cut
     max_tokens: int = 2048           # guard context used for fitting (longer conversations keep their end)
     category_latents: int = 24
     posthoc_samples: int = 200       # per split and gate, for the safeguard's post-hoc verdict numbers
     min_category_samples: int = 20
+    # benign families of the calibration split with at least this many samples get their own flagged share
+    # (and the per-family rule's threshold) in the calibration record
+    min_family_samples: int = 50
     monitored: tuple[str, ...] = ("lora", "base")
     # a pretrained SAE instead of training one (guard.production.load_sae_source: dictionary_learning:<dir>,
     # sae_lens:<dir or release@id>, or a production name); its layer is the single entry of sae.layers
@@ -147,6 +150,7 @@ def fit_gate(gate: str, td_sel: TokenData, sel: list[Sample], td_cal: TokenData,
     op = C.operating_point(sc, ycal, thr, bt)
     op["average_precision"] = C.average_precision(sc, ycal)
     op["budget"] = budget
+    op.update(family_budget_record(sc, ycal, cal, bt, thr, budget, cfg.min_family_samples))
     cats: dict[str, Head] = {}
     cat_thr: dict[str, float] = {}
     safe = [i for i, s in enumerate(sel) if not s.label]
@@ -173,6 +177,25 @@ def fit_gate(gate: str, td_sel: TokenData, sel: list[Sample], td_cal: TokenData,
     log.info("%s gate: %d latents, W=%d, calib recall %.3f at benign-traffic FPR %.3f (AP %.3f)", gate, len(head.ids),
              pooling.window, op["recall"], op["flagged_benign_traffic"], op["average_precision"])
     return GateFit(spec, op)
+
+
+def family_budget_record(sc: np.ndarray, y: np.ndarray, cal: list[Sample], bt: np.ndarray, thr: float,
+                         budget: float, min_family: int) -> dict[str, Any]:
+    """How the pooled budget falls on each benign family (a source) of the calibration split, and what the
+    stricter rule would buy: the threshold that holds the budget in every family with at least
+    ``min_family`` samples (smaller families cannot resolve a 2 % share), with the recall it leaves."""
+    fams: dict[str, list[int]] = {}
+    for i, s in enumerate(cal):
+        if bt[i]:
+            fams.setdefault(s.source, []).append(i)
+    flagged = {f: float(np.mean(sc[ix] > thr)) for f, ix in sorted(fams.items())}
+    big = {f: ix for f, ix in fams.items() if len(ix) >= min_family}
+    strict = max([thr] + [C.threshold_at_budget(sc[ix], budget) for ix in big.values()])
+    pred = sc > strict
+    return {"family_flagged": flagged, "family_n": {f: len(ix) for f, ix in sorted(fams.items())},
+            "per_family_rule": {"threshold": float(strict), "recall": float(pred[y == 1].mean()) if (y == 1).any() else 0.0,
+                                "families": sorted(big),
+                                "family_flagged": {f: float(np.mean(pred[ix])) for f, ix in sorted(fams.items())}}}
 
 
 def reference_gate(td_sel: TokenData, sel: list[Sample], td_cal: TokenData, cal: list[Sample], budget: float,
@@ -207,7 +230,8 @@ def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_c
         for hc in variants:
             f = fit_gate(gate, td_sel[gate], sel[gate], td_cal[gate], cal[gate], hc, budget, cfg, categories=False)
             tried.append({"window": hc.window, "min_count": hc.min_count, "l1": hc.l1, "max_latents": hc.max_latents,
-                          "recall": f.calib["recall"],
+                          "recall": f.calib["recall"], "family_flagged": f.calib["family_flagged"],
+                          "per_family_rule": f.calib["per_family_rule"],
                           "average_precision": f.calib["average_precision"], "n_latents": len(f.spec.overall.ids)})
             if best is None or (f.calib["recall"], f.calib["average_precision"]) > (best.calib["recall"], best.calib["average_precision"]):
                 best = f
