@@ -31,7 +31,7 @@ from guard.recipe import calibration as C
 from guard.recipe import data as DATA
 from guard.recipe.encode import TokenData
 from guard.recipe.sae import SAEConfig
-from guard.recipe.safeguard import SafeguardConfig, train_safeguard, verdict_scores
+from guard.recipe.safeguard import SafeguardConfig, train_safeguard, training_key_fields, verdict_scores
 from guard.recipe.selection import HeadConfig, fit_head, head_sample_scores, reference_head, token_density
 from guard.recipe.sources import Sample
 
@@ -50,10 +50,12 @@ class BuildConfig:
     head: HeadConfig = field(default_factory=HeadConfig)
     # read-out variants compared on the calibration split for the chosen layer, per gate:
     # (window, min_count, l1, max_latents). The prompt gate reads the whole request before anything is
-    # generated, so its variants include windows that span a typical request and more latents; the response
+    # generated, so its variants include windows that span a typical request and more latents, up to the
+    # whole guard context: W = 2048 with M = 16 or 64 scores the prefix mean, where a request shorter than M
+    # counts as its evidence summed over M (no early prefix of a few tokens decides alone). The response
     # gate's windows stay short so that a cut lands soon after an unsafe part starts.
     prompt_head_grid: tuple[tuple[int, int, float, int], ...] = (
-        (16, 4, 3e-3, 64), (64, 8, 1e-3, 128), (256, 8, 1e-3, 256))
+        (64, 8, 1e-3, 128), (256, 8, 1e-3, 256), (2048, 16, 1e-3, 256), (2048, 64, 1e-3, 256))
     response_head_grid: tuple[tuple[int, int, float, int], ...] = (
         (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128), (32, 8, 1e-3, 256))
     budget_prompt: float = 0.02      # share of benign prompts the prompt gate may refuse (calibration split)
@@ -276,8 +278,10 @@ class Progress:
         eta = el / self.done[stage] * (1 - self.done[stage]) if self.done[stage] > 0 else float("nan")
         total = sum(self.weights.values())
         overall = sum(self.weights[k] * v for k, v in self.done.items()) / total
-        oel = now - self.t0
-        oeta = oel / overall * (1 - overall) if overall > 0 else float("nan")
+        # the stages still to come count by their measured minutes: an elapsed/fraction estimate would charge
+        # them at the speed of whatever ran so far (a reused stage takes seconds, a retrained one an hour)
+        rest = 60.0 * sum(w * (1.0 - self.done[k]) for k, w in self.weights.items() if k != stage)
+        oeta = (eta if eta == eta else 60.0 * self.weights[stage]) + rest
         log.info("progress: %s %.0f%% (ETA %.0f s) | build %.0f%% (ETA %.0f s)", stage, 100 * self.done[stage], eta,
                  100 * overall, oeta)
 
@@ -434,7 +438,9 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     base, tok = load_guard_model(base_model, dtype="float32")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    sg_key = _hash([asdict(cfg.safeguard), data_info["select"]["sha256"], data_info["calib"]["sha256"], base_id])
+    sg_data = {"select": data_info["select"]["sha256"], "calib": data_info["calib"]["sha256"]}
+    sg_key = _hash([training_key_fields(cfg.safeguard), sg_data["select"], sg_data["calib"], base_id])
+    sg_cfg = replace(cfg.safeguard, autocast=dtype == "bfloat16") if cfg.safeguard.autocast is None else cfg.safeguard
     rng = np.random.default_rng(cfg.seed)
     if cfg.safeguard.max_steps == 0:
         # a pretrained guard (e.g. Qwen3Guard): monitored as it is, under the name "base"
@@ -444,12 +450,19 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
         meta_f = out / "lora" / "build.json"
         have = (out / "lora" / "adapter_config.json").is_file()
         recorded = json.loads(meta_f.read_text()) if meta_f.is_file() else {}
+        # The committed adapter is what a build monitors unless asked to retrain: it is reused whenever it was
+        # trained on this base model and these select/calibration rows, whatever the current training settings
+        # (those only matter to a retrain; a differing set is logged).
         reuse = have and not cfg.retrain_safeguard and recorded.get("base_model", base_id) == base_id and (
-            recorded.get("key") in (None, sg_key))
+            recorded.get("data", sg_data) == sg_data)
         if reuse:
             sg_m = dict(old_prov.get("safeguard", {})) or dict(recorded.get("metrics", {}))
             sg_m["reused"] = {"adapter_sha256": _file_hash(out / "lora" / "adapter_model.safetensors"),
                               "why": "committed adapter (retrain_safeguard=False)"}
+            if recorded.get("key") != sg_key:
+                log.warning("safeguard: the committed adapter was trained with other settings (%s); it is reused as "
+                            "committed, --set retrain_safeguard=true retrains it with these",
+                            recorded.get("config", "not recorded"))
             log.info("safeguard: reusing the committed adapter %s", sg_m["reused"]["adapter_sha256"])
         else:
             wl = work / f"lora-{sg_key}"
@@ -459,11 +472,11 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
                 import copy
 
                 val = [cal[i] for i in sorted(rng.choice(len(cal), min(cfg.safeguard.n_val, len(cal)), replace=False))]
-                pm, sg_m = train_safeguard(copy.deepcopy(base), tok, sel, val, cfg.safeguard,
+                pm, sg_m = train_safeguard(copy.deepcopy(base), tok, sel, val, sg_cfg,
                                            progress=lambda d, n: prog.update("safeguard", d / n))
                 pm.save_pretrained(str(wl))
-                (wl / "build.json").write_text(json.dumps({"key": sg_key, "base_model": base_id, "metrics": sg_m},
-                                                          indent=1))
+                (wl / "build.json").write_text(json.dumps({"key": sg_key, "base_model": base_id, "data": sg_data,
+                                                           "config": asdict(sg_cfg), "metrics": sg_m}, indent=1))
                 del pm
             if (out / "lora").exists():
                 shutil.rmtree(out / "lora")
@@ -496,6 +509,14 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     sae_key = _hash([asdict(sae_cfg), lora_id, data_info["select"]["sha256"], data_info["calib"]["sha256"], cfg.max_tokens])
     saes: dict[int, Any] = {}
     sae_m: dict[str, Any] = {"per_layer": {}}
+
+    def _sae_done(layer: int) -> bool:
+        for f in (out / "candidates" / f"sae-L{layer}" / "train.json", work / f"sae-{sae_key}" / str(layer) / "train.json"):
+            if f.is_file() and json.loads(f.read_text()).get("key") == sae_key:
+                return True
+        return False
+
+    prog.weights["sae"] = 15.0 * sum(not _sae_done(L) for L in layers) if cfg.sae_source is None else 1.0
     for li, layer in enumerate(layers):
         d = out / "candidates" / f"sae-L{layer}"
         rec_f = d / "train.json"

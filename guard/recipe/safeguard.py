@@ -13,7 +13,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -41,8 +41,21 @@ class SafeguardConfig:
     n_val: int = 192
     warmup: int = 20
     # bf16 matmuls under autocast: a clear win on GPUs and CPUs with AVX512-BF16/AMX, but emulated (and many
-    # times slower than fp32) on plain AVX2 CPUs, so off by default
-    autocast: bool = False
+    # times slower than fp32) on plain AVX2 CPUs; None = the build decides from the hardware
+    autocast: bool | None = None
+    # a step's batch is sorted by length and run as micro-batches of at most this many (padded) tokens with
+    # their gradients summed: the same update as one padded batch, without computing the padding of the
+    # short texts up to the longest one
+    micro_tokens: int = 1024
+
+
+# How the adapter is trained, not what it learns from: left out of the key that decides whether a committed
+# adapter still matches the build's inputs.
+EXECUTION_FIELDS = ("autocast", "micro_tokens")
+
+
+def training_key_fields(cfg: SafeguardConfig) -> dict[str, Any]:
+    return {k: v for k, v in asdict(cfg).items() if k not in EXECUTION_FIELDS}
 
 
 def guard_text(s: Sample) -> str:
@@ -60,10 +73,29 @@ def verdict_ids(tok: Any, s: Sample, max_len: int) -> list[int]:
     return list(ids) + list(suffix)
 
 
+def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices sorted by length, cut into consecutive groups whose padded size (rows x longest) stays within
+    ``max_tokens`` (a single longer row is a group of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        if cur and (len(cur) + 1) * lengths[i] > max_tokens:
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        groups.append(cur)
+    return groups
+
+
 def _batch(tok: Any, samples: Sequence[Sample], max_len: int) -> tuple[Any, Any]:
+    return _pad(tok, [verdict_ids(tok, s, max_len) for s in samples])
+
+
+def _pad(tok: Any, seqs: Sequence[Sequence[int]]) -> tuple[Any, Any]:
     import torch
 
-    seqs = [verdict_ids(tok, s, max_len) for s in samples]
     T = max(len(x) for x in seqs)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     ids = torch.full((len(seqs), T), pad, dtype=torch.long)
@@ -92,7 +124,8 @@ def _val_loss(model: Any, tok: Any, val: Sequence[Sample], cfg: SafeguardConfig,
     import torch
 
     losses, n = 0.0, 0
-    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast):
+    val = sorted(val, key=lambda s: len(guard_text(s)))     # similar lengths together: little padding
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(cfg.autocast)):
         for i in range(0, len(val), 32):
             chunk = val[i:i + 32]
             ids, att = _batch(tok, chunk, cfg.max_len)
@@ -134,16 +167,22 @@ def train_safeguard(base: Any, tok: Any, train: Sequence[Sample], val: Sequence[
     for step in range(1, cfg.max_steps + 1):
         pm.train()
         batch = [rng.choice(groups[keys[(step * cfg.batch + i) % len(keys)]]) for i in range(cfg.batch)]
-        ids, att = _batch(tok, batch, cfg.max_len)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast):
-            lg = verdict_logits(inner, ids, att, vid)
-        loss = torch.nn.functional.cross_entropy(lg.float(), torch.tensor([s.label for s in batch]))
+        seqs = [verdict_ids(tok, s, cfg.max_len) for s in batch]
         opt.zero_grad()
-        loss.backward()
+        loss_sum = 0.0
+        for part in micro_batches([len(x) for x in seqs], cfg.micro_tokens):
+            ids, att = _pad(tok, [seqs[i] for i in part])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(cfg.autocast)):
+                lg = verdict_logits(inner, ids, att, vid)
+            # summed over the micro-batches, the gradient of the mean loss over the whole batch
+            loss = torch.nn.functional.cross_entropy(lg.float(), torch.tensor([batch[i].label for i in part]),
+                                                     reduction="sum") / len(batch)
+            loss.backward()
+            loss_sum += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
-        train_losses.append(float(loss.detach()))
+        train_losses.append(loss_sum)
         if progress is not None:
             progress(step, cfg.max_steps)
         if step % cfg.eval_every == 0:
@@ -173,9 +212,12 @@ def verdict_scores(model: Any, tok: Any, samples: Sequence[Sample], max_len: int
 
     vid = word_ids(tok)
     out = np.zeros(len(samples))
+    seqs = [verdict_ids(tok, s, max_len) for s in samples]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))   # similar lengths together: little padding
     with torch.inference_mode():                 # in the model's own dtype
-        for i in range(0, len(samples), bs):
-            ids, att = _batch(tok, samples[i:i + bs], max_len)
+        for i in range(0, len(order), bs):
+            part = order[i:i + bs]
+            ids, att = _pad(tok, [seqs[j] for j in part])
             lg = verdict_logits(model, ids, att, vid)
-            out[i:i + len(ids)] = (lg[:, 1] - lg[:, 0]).float().numpy()
+            out[part] = (lg[:, 1] - lg[:, 0]).float().numpy()
     return out

@@ -97,6 +97,32 @@ def test_rebuild_reuses_unchanged_stages(built, tmp_path):
     assert not any(k.startswith("monitor_") for k in third["timings_s"])
 
 
+def test_committed_adapter_is_reused_under_other_training_settings(built, tmp_path):
+    """The committed LoRA is what a build monitors unless asked to retrain: other training settings alone do
+    not retrain it (they only matter to a retrain), and ``retrain_safeguard`` does."""
+    import shutil
+    from dataclasses import replace
+
+    from guard.recipe import build
+    from guard.recipe.pipeline import SMOKE
+
+    d, prov = built
+    art = tmp_path / "art"
+    shutil.copytree(d / "art", art)
+    adapter = (art / "lora" / "adapter_model.safetensors").read_bytes()
+    other = replace(SMOKE.safeguard, lr=SMOKE.safeguard.lr * 3, micro_tokens=64)
+    kept = build(art, base_model=d / "model", preset="smoke", work_dir=d / "work",
+                 overrides={"threads": 1, "safeguard": other})
+    assert kept["safeguard"]["reused"]["why"].startswith("committed adapter")
+    assert (art / "lora" / "adapter_model.safetensors").read_bytes() == adapter
+    redone = build(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
+                   overrides={"threads": 1, "safeguard": other, "retrain_safeguard": True})
+    assert "reused" not in redone["safeguard"] and redone["safeguard"]["history"]
+    rec = json.loads((art / "lora" / "build.json").read_text())
+    assert rec["config"]["lr"] == other.lr and rec["data"]["select"] == prov["data"]["splits"]["select"]["sha256"]
+    assert (art / "lora" / "adapter_model.safetensors").read_bytes() != adapter
+
+
 def test_ladder_runs_on_the_build_cache(built, tmp_path):
     """Every rung on every candidate layer, from the build's residual cache, with leave-one-source-out and
     the fresh prompt sets; thresholds hold the budget on the calibration split by construction."""
