@@ -10,6 +10,7 @@ its safeguard without the instruction template.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from guard.recipe.cache import length_batches
 from guard.recipe.sources import Sample
 from guard.text import prompt_text, response_text
 
@@ -71,22 +73,6 @@ def verdict_ids(tok: Any, s: Sample, max_len: int) -> list[int]:
         head = room // 3
         ids = ids[:head] + ids[len(ids) - (room - head):]
     return list(ids) + list(suffix)
-
-
-def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Indices sorted by length, cut into consecutive groups whose padded size (rows x longest) stays within
-    ``max_tokens`` (a single longer row is a group of its own)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    groups: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        if cur and (len(cur) + 1) * lengths[i] > max_tokens:
-            groups.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        groups.append(cur)
-    return groups
 
 
 def _batch(tok: Any, samples: Sequence[Sample], max_len: int) -> tuple[Any, Any]:
@@ -170,7 +156,8 @@ def train_safeguard(base: Any, tok: Any, train: Sequence[Sample], val: Sequence[
         seqs = [verdict_ids(tok, s, cfg.max_len) for s in batch]
         opt.zero_grad()
         loss_sum = 0.0
-        for part in micro_batches([len(x) for x in seqs], cfg.micro_tokens):
+        # groups close on the token budget alone (no length slack): a step's batch is small and mixed
+        for part in length_batches([len(x) for x in seqs], cfg.micro_tokens, slack=math.inf):
             ids, att = _pad(tok, [seqs[i] for i in part])
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(cfg.autocast)):
                 lg = verdict_logits(inner, ids, att, vid)
