@@ -170,6 +170,7 @@ def _merge(rs: list[RunStats]) -> RunStats:
         out.itl += r.itl
         out.tpot += r.tpot
         out.tokens += r.tokens
+        out.chunks += r.chunks
         out.wall += r.wall
         out.errors += r.errors
         out.short += r.short

@@ -39,6 +39,12 @@ class ServerSettings(BaseModel):
     tokenize_inline_chars: int = Field(
         default=16384, ge=0, description="Larger inputs are tokenised in a worker thread, off the event loop."
     )
+    overlap_prompt_gate: bool = Field(
+        default=True,
+        description="Start generation (and the response gate) while the prompt gate scores the request, holding "
+        "everything back until it passes; a refusal aborts them before a byte is sent. Off: the engine sees a "
+        "request only after the prompt gate passed it (refused prompts cost no generation; first tokens come later).",
+    )
     echo_alternatives_with_guard: bool = Field(
         default=False,
         description="/v1/completions: return the top alternatives of echoed prompt tokens (echo + logprobs > 0) "

@@ -57,7 +57,8 @@ def _set_engine(app: FastAPI, engine: EngineClient | None, guard: StreamGuard | 
     srv = st.settings.server
     limits = ServingLimits(max_prompts=srv.max_prompts_per_request, max_n=srv.max_choices_per_prompt,
                            guard_wait_s=srv.guard_wait_timeout_s, tokenize_inline_chars=srv.tokenize_inline_chars,
-                           echo_alternatives_with_guard=srv.echo_alternatives_with_guard)
+                           echo_alternatives_with_guard=srv.echo_alternatives_with_guard,
+                           overlap_prompt_gate=srv.overlap_prompt_gate)
     st.serving_chat = ServingChat(engine, st.guard, st.guard_policy, allow_guard_disable=st.allow_guard_disable,
                                   limits=limits)
     st.serving_completion = ServingCompletion(

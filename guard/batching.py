@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -26,11 +26,18 @@ class _Job:
 
 
 class GuardEngine:
-    """Owns the runner; merges all pending work into one forward per step (one thread, in order)."""
+    """Owns the runner; merges all pending work into one forward per step (one thread, in order).
 
-    def __init__(self, runner: Any, max_batch: int, threads: int = 1) -> None:
+    ``readout`` (optional) turns the step's residual rows, all slots' at once, into what the callers need
+    (the monitor's latents and norms): in the same thread and one call per step, so the event loop never
+    runs torch and the read-out is batched like the forward. :meth:`forward` then returns the read-out's
+    rows for its tokens (a tuple of arrays, each sliced the same way) instead of the residual."""
+
+    def __init__(self, runner: Any, max_batch: int, threads: int = 1,
+                 readout: Callable[[Any], tuple[Any, ...]] | None = None) -> None:
         self.runner = runner
         self.max_batch = max_batch
+        self.readout = readout
         self._threads = threads
         self._queue: asyncio.Queue[_Job] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -127,7 +134,8 @@ class GuardEngine:
         await fut
 
     async def forward(self, slot: int, ids: Sequence[int]) -> Any:
-        """Residual rows (len(ids), d_model) after layer L for new tokens of a slot."""
+        """Residual rows (len(ids), d_model) after layer L for new tokens of a slot (or, with a ``readout``,
+        its arrays' rows for them)."""
         self._ensure()
         assert self._queue is not None
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -163,7 +171,7 @@ class GuardEngine:
             frees = [f for f in frees if f.slot not in deferred]
             batch = [(s, [t for j in merged[s] for t in (j.ids or [])]) for s in order]
             try:
-                outs = await loop.run_in_executor(self._pool, self.runner.step, batch) if batch else []
+                outs = await loop.run_in_executor(self._pool, self._step, batch) if batch else []
                 self.steps += 1
                 self.batched_rows += len(batch)
                 for s, out in zip(order, outs, strict=True):
@@ -171,7 +179,8 @@ class GuardEngine:
                     for j in merged[s]:
                         n = len(j.ids or [])
                         if not j.fut.done():
-                            j.fut.set_result(out[k:k + n])
+                            j.fut.set_result(out[k:k + n] if self.readout is None
+                                             else tuple(a[k:k + n] for a in out))
                         k += n
             except Exception as e:
                 # every waiting stream gets the error and applies its policy; the loop itself lives on
@@ -185,6 +194,22 @@ class GuardEngine:
                     if not j.fut.done():
                         j.fut.set_result(None)
                 self._grant()
+
+    def _step(self, batch: list[tuple[int, list[int]]]) -> list[Any]:
+        """The runner's step, then (with a readout) one read-out over every row, split back per slot."""
+        outs = self.runner.step(batch)
+        if self.readout is None or not outs:
+            return list(outs)
+        import torch
+
+        arrays = self.readout(torch.cat(list(outs), dim=0))
+        split: list[Any] = []
+        k = 0
+        for out in outs:
+            n = int(out.shape[0])
+            split.append(tuple(a[k:k + n] for a in arrays))
+            k += n
+        return split
 
     async def close(self) -> None:
         if self._task is not None:

@@ -23,12 +23,14 @@ Shape::
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -92,6 +94,66 @@ async def _upstream(deltas: AsyncIterator[TokenDelta]) -> AsyncIterator[TokenDel
         yield d
 
 
+class _ReadAhead:
+    """The watched stream, read from the moment the guard holds a slot for it, whatever the guard does
+    meanwhile: the generator gets its request at once, so its prefill runs while the guard still reads the
+    conversation, instead of after. The generator buffers its output anyway; only the moment the request
+    goes in moves. Closing this cancels the reader, which closes the upstream (an engine aborts)."""
+
+    _END = object()
+
+    def __init__(self, source: AsyncIterator[TokenDelta]) -> None:
+        self._items: collections.deque[Any] = collections.deque()
+        self._arrived = asyncio.Event()
+        self._source = source
+        self._task = asyncio.create_task(self._pump(source), name="nextguard-read-ahead")
+
+    def _put(self, item: Any) -> None:
+        self._items.append(item)
+        self._arrived.set()
+
+    async def _pump(self, source: AsyncIterator[TokenDelta]) -> None:
+        try:
+            async for d in source:
+                self._put(d)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:      # raised again where the guard reads it
+            self._put(e)
+            return
+        self._put(self._END)
+
+    def ready(self) -> list[TokenDelta]:
+        """The deltas already read and waiting, without waiting for more (an end or an error stays queued
+        for the next read)."""
+        out: list[TokenDelta] = []
+        while self._items and not (self._items[0] is self._END or isinstance(self._items[0], BaseException)):
+            out.append(self._items.popleft())
+        return out
+
+    def __aiter__(self) -> _ReadAhead:
+        return self
+
+    async def __anext__(self) -> TokenDelta:
+        while not self._items:
+            self._arrived.clear()
+            await self._arrived.wait()
+        got = self._items[0]
+        if got is self._END:
+            raise StopAsyncIteration        # stays queued: every later read ends too
+        if isinstance(got, BaseException):
+            raise got
+        return cast(TokenDelta, self._items.popleft())
+
+    async def aclose(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        close = getattr(self._source, "aclose", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                await close()
+
+
 @dataclass
 class _StreamState:
     scorer: StreamScorer
@@ -133,8 +195,12 @@ class NextGuard:
             self._spec = MonitorSpec.load(Path(s.artifacts_dir) / "monitors" / s.monitored, s.monitored)
         assert self._layer is not None
         runner = make_runner(self._model, self._layer, max_slots=s.max_batch, max_len=s.max_len)
-        self._engine = GuardEngine(runner, s.max_batch, s.threads)
+        self._engine = GuardEngine(runner, s.max_batch, s.threads, readout=self.readout)
         return self
+
+    def readout(self, resid: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Residual rows -> (the monitor's latents, residual norms); runs in the guard's thread, once per step."""
+        return self.spec.encoder.encode(resid).numpy(), resid.float().norm(dim=-1).numpy()
 
     async def aclose(self) -> None:
         if self._engine is not None:
@@ -227,11 +293,9 @@ class NextGuard:
                                   f"{self.settings.max_len}. Send a shorter text.")
         slot = await self.engine.acquire(self.settings.slot_wait_s)    # GuardBusy past the wait
         try:
-            resid = await self.engine.forward(slot, ids)
+            acts, norms = await self.engine.forward(slot, ids)
         finally:
             await self.engine.release(slot)
-        acts = self.spec.encoder.encode(resid).numpy()
-        norms = resid.float().norm(dim=-1).numpy()
         s = score_sequence(gate, acts, norms, span, norm_ratio=self.settings.norm_ratio)
         return {"ids": ids, "offs": offs, "span": span, "gt": gt, "seq": s}
 
@@ -329,29 +393,40 @@ class NextGuard:
                           retok=IncrementalRetokenizer(self._tok))
         failed_open = False
         context, carry = split_carry(conversation)
+        upstream = _ReadAhead(deltas)       # the generator starts now, beside the context forward below
         try:
             ctx_text = response_context(context)
             ctx = await asyncio.to_thread(lambda: self._tok(ctx_text, add_special_tokens=False)["input_ids"])
             if len(ctx) >= self.settings.max_len:
                 raise GuardError(f"conversation of {len(ctx)} tokens exceeds the guard's max_len {self.settings.max_len}")
-            resid = await self.engine.forward(slot, ctx)
-            st.scorer.context(resid.float().norm(dim=-1).tolist())
+            _, ctx_norms = await self.engine.forward(slot, ctx)
+            st.scorer.context(ctx_norms.tolist())
             text_len = 0
             if carry:
                 # The answer so far (already the client's) fills the window before the first new token, so a
                 # continuation asked for a few tokens at a time is cut where it would be cut in one stream.
                 text = st.feed(carry)
                 text_len = st.char_base = st.released_chars = len(text)
-                cut = await self._score_new(slot, st, st.retok.feed(text, final=False), policy)
-                if cut is not None:
+                _, cut = await self._score_new(slot, st, st.retok.feed(text, final=False), policy, hold)
+                if cut is not None:      # (nothing of this stream is pending yet)
                     yield cut
                     return
-            async for d in _upstream(deltas):
-                text = st.feed(d.text)
-                text_len += len(text)
-                st.pending.append(_Pending(d, text_len, len(d.token_ids)))
-                final = d.finish_reason is not None
-                cut = await self._score_new(slot, st, st.retok.feed(text, final=final), policy)
+            async for first in _upstream(upstream):
+                # Everything the generator produced while the last step ran is scored in one step: a stream
+                # keeps pace with its generator instead of taking one guard step per delta.
+                text = ""
+                final = False
+                for d in (first, *upstream.ready()):
+                    piece = st.feed(d.text)
+                    text += piece
+                    text_len += len(piece)
+                    st.pending.append(_Pending(d, text_len, len(d.token_ids)))
+                    final = d.finish_reason is not None
+                    if final:
+                        break
+                released, cut = await self._score_new(slot, st, st.retok.feed(text, final=final), policy, hold)
+                for p in released:
+                    yield p
                 if cut is not None:
                     yield cut
                     return
@@ -360,7 +435,9 @@ class NextGuard:
                 if final:
                     return
             # the engine ended without a finish_reason: flush what is left
-            cut = await self._score_new(slot, st, st.retok.feed("", final=True), policy)
+            released, cut = await self._score_new(slot, st, st.retok.feed("", final=True), policy, hold)
+            for p in released:
+                yield p
             if cut is not None:
                 yield cut
                 return
@@ -378,32 +455,39 @@ class NextGuard:
             failed_open = True
         finally:
             await self.engine.release(slot)
+            if not failed_open:
+                await upstream.aclose()
         if failed_open:
             log.warning("guard failed; policy is fail-open, passing the rest of the stream unscored")
-            for pend in st.pending:
-                yield pend.delta
-            async for d in deltas:
-                yield d
+            try:
+                for pend in st.pending:
+                    yield pend.delta
+                async for d in upstream:
+                    yield d
+            finally:
+                await upstream.aclose()
 
     async def _score_new(self, slot: int, st: _StreamState, new: list[tuple[int, int, int]],
-                         policy: GuardPolicy) -> SafetyCut | None:
+                         policy: GuardPolicy, hold: int) -> tuple[list[TokenDelta], SafetyCut | None]:
+        """Score new guard tokens in one step (they may span several deltas). Where a token crosses the
+        threshold, the deltas releasable before it leave first (in order), then the cut, if the policy cuts."""
+        released: list[TokenDelta] = []
         if not new:
-            return None
-        resid = await self.engine.forward(slot, [t for t, _, _ in new])
-        acts = self.spec.encoder.encode(resid).numpy()
-        norms = resid.float().norm(dim=-1).numpy()
+            return released, None
+        acts, norms = await self.engine.forward(slot, [t for t, _, _ in new])
         for k, (_, a, b) in enumerate(new):
             c, now = st.scorer.step(acts[k], float(norms[k]))
             if now:
                 category, feats = st.scorer.cut_details()
+                released += self._releasable(st, hold, False)
                 # response characters are counted after the label's space, which the first delta carries
                 cut = self._cut(category, feats, c, st.gate.threshold, st.released_tokens, "response",
                                 max(0, a - 1 - st.char_base), policy)
                 if cut is not None:
-                    return cut
+                    return released, cut
             st.scored_ends.append(b)
             st.scored_c.append(c)
-        return None
+        return released, None
 
     def _releasable(self, st: _StreamState, hold: int, final: bool) -> list[TokenDelta]:
         """Pop the deltas that may leave: every guard token over their characters is scored, and ``hold - 1``

@@ -32,6 +32,7 @@ from gateway.protocol import (
 )
 from gateway.serving.common import (
     ServingBase,
+    StartedChoices,
     StreamStats,
     check_fields,
     check_model,
@@ -68,6 +69,8 @@ class PreparedChat:
     threshold: float | None = None
     guard_fail_open: list[GuardFailure] = field(default_factory=list)   # prompt gate, failed open
     tools: ToolSpec | None = None       # tool calls are read out of each choice's text
+    stats: StreamStats = field(default_factory=lambda: StreamStats(route="chat", model=""))
+    started: StartedChoices | None = None   # choices already running (they overlapped the prompt gate)
 
 
 def guard_conversation(req: ChatCompletionRequest) -> Conversation:
@@ -179,12 +182,10 @@ class ServingChat(ServingBase):
         )
         check_options(engine, options, "tools" if tools is not None and tools.schema is not None else "response_format")
         conversation = guard_conversation(req)
-        fail_open = await self.check_prompt(conversation, policy)
         include_scores = bool(req.guard and req.guard.include_scores and self.guard is not None and policy.enabled)
         threshold_fn = getattr(self.guard, "threshold", None)
-        return PreparedChat(
+        p = PreparedChat(
             include_scores=include_scores,
-            guard_fail_open=fail_open,
             threshold=threshold_fn("response", policy) if include_scores and threshold_fn is not None else None,
             id=new_id("chatcmpl"),
             created=int(time.time()),
@@ -197,7 +198,13 @@ class ServingChat(ServingBase):
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             want_logprobs=want_logprobs,
             tools=tools,
+            stats=StreamStats(route="chat", model=engine.model_card.id),
         )
+        p.guard_fail_open, p.started = await self.gate([conversation], policy, lambda: self._streams(p, p.stats))
+        return p
+
+    def _choices(self, p: PreparedChat, stats: StreamStats) -> AsyncIterator[tuple[int, TokenDelta | SafetyCut]]:
+        return p.started.items() if p.started is not None else merge(self._streams(p, stats))
 
     @staticmethod
     def _tool_spec(req: ChatCompletionRequest, engine: EngineClient) -> ToolSpec | None:
@@ -240,7 +247,7 @@ class ServingChat(ServingBase):
 
         for i in range(p.n):
             yield chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
-        async for i, item in merge(self._streams(p, stats)):
+        async for i, item in self._choices(p, stats):
             if isinstance(item, SafetyCut):
                 stats.cuts.append(item)
                 stats.finish_reasons.append("content_filter")
@@ -299,7 +306,7 @@ class ServingChat(ServingBase):
         lps: list[list[TokenLogprob]] = [[] for _ in range(p.n)]
         finish: list[str | None] = [None] * p.n
         safety: list[SafetyInfo | None] = [None] * p.n
-        async for i, item in merge(self._streams(p, stats)):
+        async for i, item in self._choices(p, stats):
             if isinstance(item, SafetyCut):
                 stats.cuts.append(item)
                 finish[i] = "content_filter"

@@ -36,6 +36,7 @@ class ServingLimits:
     guard_wait_s: float = 30.0         # prompt gate: guard slot + scoring, then 503
     tokenize_inline_chars: int = 16384  # larger inputs are tokenised in a worker thread
     echo_alternatives_with_guard: bool = False   # top alternatives of echoed prompt tokens while guarded
+    overlap_prompt_gate: bool = True   # choices start while the prompt gate scores (nothing leaves before it passes)
 
     def check_fan_out(self, prompts: int, n: int) -> int:
         """The number of choices (engine requests) a request asks for; 400 over the bounds."""
@@ -267,38 +268,56 @@ async def choice_stream(
             await engine.abort(request_id)
 
 
+class StartedChoices:
+    """Choice streams set running at once: one task per stream pumps its chain (engine → guard) into one
+    queue from the moment this is made, whether or not anyone reads yet. So the prompt gate can score a
+    request while its choices already generate and their response gate already reads: what they produce
+    waits here until :meth:`items` reads it, and :meth:`aclose` (a refused prompt, any error before the
+    response) cancels them, which aborts their engine requests before anything was sent."""
+
+    def __init__(self, streams: Sequence[AsyncIterator[Item]]) -> None:
+        self._queue: asyncio.Queue[tuple[int, Item | BaseException | None]] = asyncio.Queue()
+        self._tasks = [asyncio.create_task(self._pump(i, s), name=f"nextguard-choice-{i}")
+                       for i, s in enumerate(streams)]
+
+    async def _pump(self, i: int, s: AsyncIterator[Item]) -> None:
+        try:
+            async for item in s:
+                self._queue.put_nowait((i, item))
+        except BaseException as e:  # forwarded to the consumer, which re-raises it
+            self._queue.put_nowait((i, e))
+            return
+        self._queue.put_nowait((i, None))
+
+    async def items(self) -> AsyncIterator[tuple[int, Item]]:
+        """``(choice index, item)`` in arrival order; closing the iterator stops every stream."""
+        try:
+            remaining = len(self._tasks)
+            while remaining:
+                i, got = await self._queue.get()
+                if got is None:
+                    remaining -= 1
+                elif isinstance(got, BaseException):
+                    raise got
+                else:
+                    yield i, got
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
 async def merge(streams: Sequence[AsyncIterator[Item]]) -> AsyncIterator[tuple[int, Item]]:
     """Interleave several choice streams as items arrive; one stream needs no task at all."""
     if len(streams) == 1:
         async for item in streams[0]:
             yield 0, item
         return
-    queue: asyncio.Queue[tuple[int, Item | BaseException | None]] = asyncio.Queue()
-
-    async def pump(i: int, s: AsyncIterator[Item]) -> None:
-        try:
-            async for item in s:
-                await queue.put((i, item))
-        except BaseException as e:  # forwarded to the consumer, which re-raises it
-            await queue.put((i, e))
-            return
-        await queue.put((i, None))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            i, got = await queue.get()
-            if got is None:
-                remaining -= 1
-            elif isinstance(got, BaseException):
-                raise got
-            else:
-                yield i, got
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    async for got in StartedChoices(streams).items():
+        yield got
 
 
 GUARD_OVERRIDE_REFUSED = "guard_override_not_allowed"
@@ -419,6 +438,25 @@ class ServingBase:
         if cut is not None:
             raise content_filter_error(cut)
         return failures
+
+    async def gate(self, conversations: Sequence[Conversation], policy: GuardPolicy,
+                   start: Callable[[], Sequence[AsyncIterator[Item]]]) -> tuple[list[GuardFailure], StartedChoices | None]:
+        """The prompt gate over ``conversations`` (400 on a cut, 503 when busy), and the failures it let
+        through. With ``overlap_prompt_gate`` and a prompt gate to wait for, the choices from ``start`` run
+        meanwhile (returned started; their output waits for the caller), so the gate's time hides behind the
+        engine's prefill instead of adding to it; on any exception they are stopped before it propagates."""
+        started = None
+        if self.limits.overlap_prompt_gate and self.guard is not None and policy.enabled:
+            started = StartedChoices(start())
+        failures: list[GuardFailure] = []
+        try:
+            for conv in conversations:
+                failures += await self.check_prompt(conv, policy)
+        except BaseException:
+            if started is not None:
+                await started.aclose()
+            raise
+        return failures, started
 
     def resolve_policy(self, overrides: Any | None, tenant_policy: GuardPolicy | None, allow_disable: bool | None) -> GuardPolicy:
         # the tenant's policy (set by the ops layer from the API key) replaces the deployment default

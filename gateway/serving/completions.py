@@ -20,6 +20,7 @@ from gateway.protocol import (
 from gateway.serving.chat import _finish
 from gateway.serving.common import (
     ServingBase,
+    StartedChoices,
     StreamStats,
     check_fields,
     check_model,
@@ -51,6 +52,8 @@ class PreparedCompletion:
     echo_only: bool                            # max_tokens == 0: score the prompt, generate nothing
     include_usage: bool
     guard_fail_open: list[GuardFailure] = field(default_factory=list)   # prompt gate, failed open
+    stats: StreamStats = field(default_factory=lambda: StreamStats(route="completions", model=""))
+    started: StartedChoices | None = None   # choices already running (they overlapped the prompt gate)
 
 
 def guard_conversation_of(prompt: str) -> Conversation:
@@ -148,11 +151,7 @@ class ServingCompletion(ServingBase):
             logit_bias={int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None,
         )
         check_options(engine, options, "logit_bias")
-        fail_open: list[GuardFailure] = []
-        for _, text in prompts:
-            # the prompt gate reads what the model reads; an answer in progress is the response gate's
-            fail_open += await self.check_prompt(split_carry(guard_conversation_of(text))[0], policy)
-        return PreparedCompletion(
+        p = PreparedCompletion(
             id=new_id("cmpl"),
             created=int(time.time()),
             model=engine.model_card.id,
@@ -164,8 +163,15 @@ class ServingCompletion(ServingBase):
             logprobs=req.logprobs,
             echo_only=echo_only,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
-            guard_fail_open=fail_open,
+            stats=StreamStats(route="completions", model=engine.model_card.id),
         )
+        # the prompt gate reads what the model reads; an answer in progress is the response gate's
+        convs = [split_carry(guard_conversation_of(text))[0] for _, text in prompts]
+        p.guard_fail_open, p.started = await self.gate(convs, policy, lambda: self._streams(p, p.stats))
+        return p
+
+    def _choices(self, p: PreparedCompletion, stats: StreamStats) -> AsyncIterator[tuple[int, TokenDelta | SafetyCut]]:
+        return p.started.items() if p.started is not None else merge(self._streams(p, stats))
 
     def _streams(self, p: PreparedCompletion, stats: StreamStats) -> list[AsyncIterator[TokenDelta | SafetyCut]]:
         assert self.engine is not None
@@ -200,7 +206,7 @@ class ServingCompletion(ServingBase):
         stats.prompt_tokens = sum(len(ids) for ids, _ in p.prompts) * p.n
         stats.guard_fail_open.extend(p.guard_fail_open)
         echoed, builders = self._choice_ready(p)
-        async for k, item in merge(self._streams(p, stats)):
+        async for k, item in self._choices(p, stats):
             if isinstance(item, SafetyCut):
                 stats.cuts.append(item)
                 stats.finish_reasons.append("content_filter")

@@ -107,7 +107,7 @@ def make_guard(tok, tmp_path, fail=False, max_batch=16, **settings):
     spec, bad = planted_spec(tok, runner.E)
     s = GuardSettings(enabled=False, artifacts_dir=tmp_path, max_batch=max_batch, **settings)
     g = NextGuard(s, model=object(), tokenizer=tok, layer=0, spec=spec)
-    g._engine = GuardEngine(runner, max_batch)      # inject the double instead of load()
+    g._engine = GuardEngine(runner, max_batch, readout=g.readout)      # inject the double instead of load()
     return g, runner, bad
 
 

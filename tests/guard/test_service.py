@@ -332,3 +332,55 @@ async def test_without_the_carried_answer_each_request_starts_afresh(tok, tmp_pa
         out = [x async for x in g.watch(user("tell me a story"), _agen([d]), GuardPolicy())]
         cuts += any(isinstance(x, SafetyCut) for x in out)
     assert cuts == 0
+
+
+async def test_the_generator_starts_while_the_guard_reads_the_context(tok, tmp_path):
+    """The watched stream is read from the moment the guard holds its slot, so the generator's prefill runs
+    beside the guard's context forward rather than after it; a cut closes it."""
+    import threading
+
+    g, runner, _ = make_guard(tok, tmp_path)
+    generator_started = threading.Event()
+    seen_during_context: list[bool] = []
+    step = runner.step
+
+    def context_waits_for_the_generator(batch):
+        if not seen_during_context:      # the first step is the context forward
+            seen_during_context.append(generator_started.wait(5))
+        return step(batch)
+
+    runner.step = context_waits_for_the_generator
+    closed = asyncio.Event()
+
+    async def upstream():
+        generator_started.set()
+        try:
+            for d in _deltas(TEXT_BAD, tok):
+                await asyncio.sleep(0)
+                yield d
+        finally:
+            closed.set()
+
+    out = await asyncio.wait_for(_collect_from(g, upstream()), 20)
+    assert seen_during_context == [True]            # asked for its first delta during the context forward
+    assert isinstance(out[-1], SafetyCut)
+    await asyncio.wait_for(closed.wait(), 5)        # the cut closed the generator
+
+
+async def _collect_from(guard, agen):
+    return [x async for x in guard.watch(user("tell me a story"), agen, GuardPolicy())]
+
+
+async def test_deltas_that_arrived_together_are_scored_in_one_step(tok, tmp_path):
+    """A generator ahead of the guard (its deltas already waiting) costs one guard step for all of them, not
+    one per delta, and the stream still comes out whole and in order."""
+    g, runner, _ = make_guard(tok, tmp_path)
+    ds = _deltas(TEXT_SAFE, tok, seed=1, max_chunk=1)
+
+    async def all_at_once():
+        for d in ds:
+            yield d              # no await between deltas: each is already there when the guard reads
+
+    out = [x async for x in g.watch(user("tell me a story"), all_at_once(), GuardPolicy())]
+    assert out == ds
+    assert len(runner.batches) <= 3 < len(ds)       # context, then the waiting deltas (and the final flush)

@@ -21,13 +21,23 @@ from tests.ops.conftest import assert_openai_error, chat, client, dead_redis_url
 
 
 def _guarded_app(tmp_path: Path, *, engine: ScriptedEngine | None = None, guard: Any = None,
-                 policy: GuardPolicy | None = None, ops: OpsSettings | None = None) -> tuple[Any, Any]:
+                 policy: GuardPolicy | None = None, ops: OpsSettings | None = None, **server: Any) -> tuple[Any, Any]:
     """The app with the scripted guard (cuts at "world", flags prompts with "forbidden") and no Redis;
     returns it with the engine, whose requests show whether anything reached the model."""
     engine = engine or ScriptedEngine()
     app, _ = make_app(engine, tmp_path, redis_url=dead_redis_url(), ops=ops,
-                      guard=guard or ScriptedGuard(trigger="world"), guard_policy=policy or GuardPolicy())
+                      guard=guard or ScriptedGuard(trigger="world"), guard_policy=policy or GuardPolicy(), **server)
     return app, engine
+
+
+def _refused_before_any_output(engine: ScriptedEngine, overlap: bool) -> None:
+    """A refused prompt: gate first, the engine never saw it; overlapped, whatever started beside the gate
+    was stopped (nothing is left running; the client got the refusal and nothing else)."""
+    if overlap:
+        assert engine.num_running() == 0
+        assert all(rid in engine.aborted for _, _, rid in engine.requests)
+    else:
+        assert engine.requests == []
 
 
 # -- overrides may only tighten -------------------------------------------------------------------------
@@ -211,15 +221,17 @@ class _BusyGuard(ScriptedGuard):
         await asyncio.Event().wait()
 
 
-async def test_busy_guard_answers_503_with_retry_after(tmp_path: Path) -> None:
-    engine = ScriptedEngine()
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "gate-first"])
+async def test_busy_guard_answers_503_with_retry_after(tmp_path: Path, overlap: bool) -> None:
+    engine = ScriptedEngine(delay=0.05)
     app, rt = make_app(engine, tmp_path, redis_url=dead_redis_url(), guard=_BusyGuard(), guard_policy=GuardPolicy(),
-                       guard_wait_timeout_s=0.2)
+                       guard_wait_timeout_s=0.2, overlap_prompt_gate=overlap)
     async with client(app) as c:
         r = await asyncio.wait_for(c.post("/v1/chat/completions", json=chat()), 5)
     err = assert_openai_error(r, 503, "guard_busy")
     assert "retry" in err["message"] and int(r.headers["retry-after"]) >= 1
-    assert engine.requests == [] and rt.in_flight == 0
+    assert rt.in_flight == 0
+    _refused_before_any_output(engine, overlap)
 
 
 class _ThreadNotingEngine(ScriptedEngine):
@@ -254,12 +266,57 @@ async def test_big_inputs_are_tokenised_off_the_event_loop(tmp_path: Path) -> No
     ],
     ids=["system", "developer", "earlier-turn", "tool"],
 )
-async def test_prompt_gate_scores_every_message(tmp_path: Path, messages: list[dict[str, str]]) -> None:
-    app, engine = _guarded_app(tmp_path)
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "gate-first"])
+async def test_prompt_gate_scores_every_message(tmp_path: Path, messages: list[dict[str, str]], overlap: bool) -> None:
+    app, engine = _guarded_app(tmp_path, engine=ScriptedEngine(delay=0.05), overlap_prompt_gate=overlap)
     async with client(app) as c:
         r = await c.post("/v1/chat/completions", json=chat(messages=messages))
     err = assert_openai_error(r, 400, "content_filter")
-    assert err["safety"]["gate"] == "prompt" and engine.requests == []
+    assert err["safety"]["gate"] == "prompt"
+    _refused_before_any_output(engine, overlap)
+
+
+class _SlowPromptGate(ScriptedGuard):
+    """Takes a while over the prompt, as a real monitor's forward does."""
+
+    async def check_prompt(self, conversation: Any, policy: GuardPolicy) -> Any:
+        await asyncio.sleep(0.3)
+        return await super().check_prompt(conversation, policy)
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "gate-first"])
+async def test_generation_overlaps_the_prompt_gate_and_a_refusal_stops_it(tmp_path: Path, route: str,
+                                                                          overlap: bool) -> None:
+    """Overlapped, the engine starts while the prompt gate still scores (so the gate's time hides behind
+    the prefill) and a refusal aborts it mid-generation; gate first, a refused prompt never reaches it. A
+    passed prompt streams the same text either way."""
+    engine = ScriptedEngine(delay=0.05, pieces=[f" w{i}" for i in range(20)])     # 1 s of generation
+    app, _ = _guarded_app(tmp_path, engine=engine, guard=_SlowPromptGate(trigger="never-said"),
+                          overlap_prompt_gate=overlap)
+
+    def body(text: str) -> dict[str, Any]:
+        if route == "/v1/completions":
+            return {"model": "scripted", "prompt": text, "stream": True, "max_tokens": 20}
+        return chat(messages=[{"role": "user", "content": text}])
+
+    async with client(app) as c:
+        refused = await c.post(route, json=body("forbidden thing"))
+        assert assert_openai_error(refused, 400, "content_filter")["safety"]["gate"] == "prompt"
+        if overlap:
+            assert len(engine.requests) == 1            # it had started before the gate answered ...
+            assert engine.aborted == [engine.requests[0][2]]   # ... and the refusal stopped it
+        _refused_before_any_output(engine, overlap)
+        n_before = len(engine.requests)
+        ok = await c.post(route, json=body("hi"))
+    assert ok.status_code == 200 and len(engine.requests) == n_before + 1
+    from tests.gateway.test_serving import parse_sse
+
+    frames = parse_sse(ok.text)
+    assert frames[-1] == "[DONE]"
+    text = "".join((f["choices"][0].get("delta") or {}).get("content") or f["choices"][0].get("text") or ""
+                   for f in frames[:-1] if f["choices"])
+    assert text == "".join(engine.pieces)
 
 
 # -- an exposed deployment is safe by default -----------------------------------------------------------

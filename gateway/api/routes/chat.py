@@ -7,7 +7,6 @@ from gateway.api.streaming import json_response, sse_response
 from gateway.deps import ChatDep
 from gateway.ops.middleware import admit_choices, may_disable_guard
 from gateway.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse
-from gateway.serving.common import StreamStats
 
 router = APIRouter(tags=["chat"])
 
@@ -24,7 +23,7 @@ async def create_chat_completion(req: ChatCompletionRequest, serving: ChatDep, r
     allow_disable = await may_disable_guard(request, req.guard)
     prepared = await serving.prepare(req, getattr(st, "guard_policy", None), allow_disable)
     st.guard_policy_applied = prepared.policy     # what the audit line records
-    stats = StreamStats(route="chat", model=prepared.model)
+    stats = prepared.stats
     if req.stream:
         return sse_response(serving.stream(prepared, stats), stats, prepared.id)
     return json_response(await serving.complete(prepared, stats), stats, prepared.id)

@@ -7,7 +7,6 @@ from gateway.api.streaming import json_response, sse_response
 from gateway.deps import CompletionDep
 from gateway.ops.middleware import admit_choices, may_disable_guard
 from gateway.protocol import Completion, CompletionRequest, ErrorResponse
-from gateway.serving.common import StreamStats
 
 router = APIRouter(tags=["completions"])
 
@@ -24,7 +23,7 @@ async def create_completion(req: CompletionRequest, serving: CompletionDep, requ
     allow_disable = await may_disable_guard(request, req.guard)
     prepared = await serving.prepare(req, getattr(st, "guard_policy", None), allow_disable)
     st.guard_policy_applied = prepared.policy     # what the audit line records
-    stats = StreamStats(route="completions", model=prepared.model)
+    stats = prepared.stats
     if req.stream:
         return sse_response(serving.stream(prepared, stats), stats, prepared.id)
     return json_response(await serving.complete(prepared, stats), stats, prepared.id)
