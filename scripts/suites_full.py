@@ -1,0 +1,191 @@
+"""Run every registered suite's FULL preset (its ``run_seeds`` seeds) one after another, resumably.
+
+Each finished suite leaves a record in ``offline_suites/full-results/<suite>.json`` (the SuiteResult as
+``nextguard suites run --json`` prints it, plus wall time, exit code and the machine it ran on), so a
+session that ends mid-way loses at most the suite that was running: the next run skips every suite
+whose record matches the registered version and FULL config. ``--table`` prints the README's
+per-claim tables from the records.
+
+    python scripts/suites_full.py                 # all suites, cheapest recorded first
+    python scripts/suites_full.py repsim cgm      # just these
+    python scripts/suites_full.py --table         # markdown from the records
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDS = ROOT / "offline_suites" / "full-results"
+
+# One seed's FULL wall time from the single-seed runs (seconds, partly under load); only orders the queue
+# (cheap suites first, so an interrupted session still lands many) and feeds the ETA.
+_ONE_SEED_WALL_S = {
+    "scale-cp": 10, "iterated-erm": 13, "fp-equivariance": 28, "asasr": 54, "nextpixel-scaling": 83,
+    "return-critic": 89, "textatlas": 136, "repsim": 173, "powerlaw-cot": 203, "tableagent": 264,
+    "parpic": 120, "weight-perturb": 150, "kineflow": 271, "dicot": 469, "bicrossnet": 575, "area-cil": 300,
+    "cgm": 620,
+}
+
+
+def _registered() -> dict[str, dict[str, Any]]:
+    from offline_suites.base import build_config
+    from offline_suites.registry import list_suites
+
+    out: dict[str, dict[str, Any]] = {}
+    for suite in list_suites():
+        config = build_config(suite.config_cls, "full", None)
+        out[suite.name] = {"version": suite.version, "config": json.loads(json.dumps(config_dict(config)))}
+    return out
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+def _record_path(name: str) -> Path:
+    return RECORDS / f"{name}.json"
+
+
+def _done(name: str, spec: dict[str, Any]) -> bool:
+    path = _record_path(name)
+    if not path.exists():
+        return False
+    rec = json.loads(path.read_text())
+    return bool(rec.get("version") == spec["version"] and rec.get("config") == spec["config"])
+
+
+def _machine() -> dict[str, Any]:
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = line
+                break
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "platform": platform.platform(),
+            "avx512_bf16": "avx512_bf16" in flags.split(), "load_avg_start": os.getloadavg()}
+
+
+def run_one(name: str, spec: dict[str, Any], seed: int) -> dict[str, Any]:
+    out_dir = Path(os.environ.get("NEXTGUARD_HOME", Path.home() / ".cache" / "nextguard")) / "suite-results" / "full"
+    cmd = [sys.executable, "-m", "gateway.cli", "suites", "run", name, "--preset", "full", "--seed", str(seed),
+           "--json", "--out", str(out_dir / name)]
+    machine = _machine()
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{name}: no result (exit {proc.returncode})\n{proc.stderr[-4000:]}")
+    result = json.loads(lines[-1])
+    return {"suite": name, "version": spec["version"], "config": spec["config"], "seed": seed,
+            "exit_code": proc.returncode, "wall_s": round(wall, 1), "machine": machine,
+            "finished": datetime.now(UTC).isoformat(timespec="seconds"), "result": result}
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def table(names: list[str]) -> str:
+    rows = ["| suite | seeds | wall | gates passed / total | sanity passed / total | claims: reproduced / not / inconclusive |",
+            "|---|---|---|---|---|---|"]
+    detail: list[str] = []
+    for name in names:
+        path = _record_path(name)
+        if not path.exists():
+            rows.append(f"| {name} | pending | | | | |")
+            continue
+        rec = json.loads(path.read_text())
+        res = rec["result"]
+        checks = res["checks"]
+        gates = [c for c in checks if c["kind"] == "gate"]
+        sanity = [c for c in checks if c["kind"] == "sanity"]
+        claims = res["claims"]
+        verdicts = [c["verdict"] for c in claims]
+        seeds = max((len(c["per_seed"]) for c in claims), default=0)
+        rows.append(
+            f"| {name} | {seeds} | {rec['wall_s']:.0f} s | {sum(c['passed'] for c in gates)} / {len(gates)} | "
+            f"{sum(c['passed'] for c in sanity)} / {len(sanity)} | {verdicts.count('reproduced')} / "
+            f"{verdicts.count('not reproduced')} / {verdicts.count('inconclusive')} |")
+        detail.append(f"\n**{name}** (FULL, {seeds} seeds, {rec['wall_s']:.0f} s, {rec['finished']})\n")
+        detail.append("| claim | paper | target | mean | 95% CI | per seed | verdict |")
+        detail.append("|---|---|---|---|---|---|---|")
+        for c in claims:
+            ci = "n/a" if c["ci95"] is None else f"[{_fmt(c['ci95'][0])}, {_fmt(c['ci95'][1])}]"
+            per = ", ".join(_fmt(v) for v in c["per_seed"])
+            why = f" ({c['reason']})" if c["verdict"] == "inconclusive" and c.get("reason") else ""
+            detail.append(f"| `{c['name']}` | {c['direction']} {_fmt(c['threshold'])} | {_fmt(c['target'])} | "
+                          f"{_fmt(c['observed'])} | {ci} | {per} | {c['verdict']}{why} |")
+        failed = [c["name"] for c in gates if not c["passed"]]
+        if failed:
+            detail.append(f"\nGates failed: {', '.join(f'`{n}`' for n in failed)}.")
+    return "\n".join(rows + detail)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--table", action="store_true")
+    ap.add_argument("--force", action="store_true", help="rerun suites that already have a matching record")
+    args = ap.parse_args()
+    registered = _registered()
+    unknown = [n for n in args.names if n not in registered]
+    if unknown:
+        ap.error(f"unknown suites {unknown}; registered: {sorted(registered)}")
+    names = args.names or sorted(registered, key=lambda n: (_ONE_SEED_WALL_S.get(n, 300), n))
+    if args.table:
+        print(table(names))
+        return 0
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    todo = [n for n in names if args.force or not _done(n, registered[n])]
+    skipped = [n for n in names if n not in todo]
+    if skipped:
+        print(f"records already match for {len(skipped)}: {', '.join(skipped)}", flush=True)
+    seeds_of = {n: int(registered[n]["config"].get("run_seeds", 1)) for n in todo}
+    left = sum(_ONE_SEED_WALL_S.get(n, 300) * seeds_of[n] for n in todo)
+    rc = 0
+    for i, name in enumerate(todo, 1):
+        est = _ONE_SEED_WALL_S.get(name, 300) * seeds_of[name]
+        print(f"[{i}/{len(todo)}] {name}: FULL x{seeds_of[name]} seeds, est. {est / 60:.0f} min; "
+              f"queue left ~{left / 60:.0f} min", flush=True)
+        try:
+            rec = run_one(name, registered[name], args.seed)
+        except RuntimeError as exc:
+            print(f"  FAILED: {exc}", flush=True)
+            rc = 1
+            left -= est
+            continue
+        _record_path(name).write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
+        res = rec["result"]
+        gates = [c for c in res["checks"] if c["kind"] == "gate"]
+        verdicts = [c["verdict"] for c in res["claims"]]
+        print(f"  done in {rec['wall_s'] / 60:.1f} min (est. {est / 60:.0f}); gates "
+              f"{sum(c['passed'] for c in gates)}/{len(gates)}; claims reproduced {verdicts.count('reproduced')}, "
+              f"not {verdicts.count('not reproduced')}, inconclusive {verdicts.count('inconclusive')}", flush=True)
+        left -= est
+        if rec["exit_code"] != 0:
+            rc = 1
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
