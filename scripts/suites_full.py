@@ -9,6 +9,7 @@ per-claim tables from the records.
     python scripts/suites_full.py                 # all suites, cheapest recorded first
     python scripts/suites_full.py repsim cgm      # just these
     python scripts/suites_full.py --table         # markdown from the records
+    python scripts/suites_full.py --write-readme  # that markdown into offline_suites/README.md
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "offline_suites" / "full-results"
+README = ROOT / "offline_suites" / "README.md"
 
 # One seed's FULL wall time from the single-seed runs (seconds, partly under load); only orders the queue
 # (cheap suites first, so an interrupted session still lands many) and feeds the ETA.
@@ -104,40 +106,86 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def table(names: list[str]) -> str:
-    rows = ["| suite | seeds | wall | gates passed / total | sanity passed / total | claims: reproduced / not / inconclusive |",
+def _record(name: str) -> dict[str, Any] | None:
+    path = _record_path(name)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def summary(names: list[str]) -> str:
+    rows = ["| suite | seeds | wall | gates passed | sanity passed | claims reproduced / not / inconclusive |",
             "|---|---|---|---|---|---|"]
-    detail: list[str] = []
     for name in names:
-        path = _record_path(name)
-        if not path.exists():
+        rec = _record(name)
+        if rec is None:
             rows.append(f"| {name} | pending | | | | |")
             continue
-        rec = json.loads(path.read_text())
         res = rec["result"]
-        checks = res["checks"]
-        gates = [c for c in checks if c["kind"] == "gate"]
-        sanity = [c for c in checks if c["kind"] == "sanity"]
-        claims = res["claims"]
-        verdicts = [c["verdict"] for c in claims]
-        seeds = max((len(c["per_seed"]) for c in claims), default=0)
+        gates = [c for c in res["checks"] if c["kind"] == "gate"]
+        sanity = [c for c in res["checks"] if c["kind"] == "sanity"]
+        verdicts = [c["verdict"] for c in res["claims"]]
         rows.append(
-            f"| {name} | {seeds} | {rec['wall_s']:.0f} s | {sum(c['passed'] for c in gates)} / {len(gates)} | "
+            f"| {name} | {_seeds(res)} | {rec['wall_s']:.0f} s | {sum(c['passed'] for c in gates)} / {len(gates)} | "
             f"{sum(c['passed'] for c in sanity)} / {len(sanity)} | {verdicts.count('reproduced')} / "
             f"{verdicts.count('not reproduced')} / {verdicts.count('inconclusive')} |")
-        detail.append(f"\n**{name}** (FULL, {seeds} seeds, {rec['wall_s']:.0f} s, {rec['finished']})\n")
-        detail.append("| claim | paper | target | mean | 95% CI | per seed | verdict |")
-        detail.append("|---|---|---|---|---|---|---|")
-        for c in claims:
+    return "\n".join(rows)
+
+
+def _seeds(res: dict[str, Any]) -> int:
+    seeds = res.get("provenance", {}).get("seeds")
+    if isinstance(seeds, list):
+        return len(seeds)
+    return max((len(c["per_seed"]) for c in res["claims"]), default=0)
+
+
+def section(name: str) -> str:
+    """The FULL block of one suite's README section."""
+    rec = _record(name)
+    if rec is None:
+        return f"**FULL, three seeds:** pending (`python scripts/suites_full.py {name}`)."
+    res = rec["result"]
+    gates = [c for c in res["checks"] if c["kind"] == "gate"]
+    sanity = [c for c in res["checks"] if c["kind"] == "sanity"]
+    m = rec["machine"]
+    out = [f"**FULL, {_seeds(res)} seeds** (seeds {rec['seed']}…, {rec['finished'][:10]}, wall {rec['wall_s']:.0f} s for all "
+           f"seeds, {m['cpus']}-core box{' with AVX512-BF16' if m.get('avx512_bf16') else ''}; "
+           f"`offline_suites/full-results/{name}.json`): gates {sum(c['passed'] for c in gates)} / {len(gates)} "
+           f"passed on every seed, sanity checks {sum(c['passed'] for c in sanity)} / {len(sanity)}.", ""]
+    failed = [c for c in gates if not c["passed"]]
+    if failed:
+        out.append("Gates that failed on at least one seed: " + "; ".join(
+            f"`{c['name']}` (observed {_fmt(c['observed'])}, expected {_fmt(c['expected'])})" for c in failed) + ".")
+        out.append("")
+    if res["claims"]:
+        out += ["| claim | paper | target | mean | 95% CI | per seed | verdict |", "|---|---|---|---|---|---|---|"]
+        for c in res["claims"]:
             ci = "n/a" if c["ci95"] is None else f"[{_fmt(c['ci95'][0])}, {_fmt(c['ci95'][1])}]"
             per = ", ".join(_fmt(v) for v in c["per_seed"])
             why = f" ({c['reason']})" if c["verdict"] == "inconclusive" and c.get("reason") else ""
-            detail.append(f"| `{c['name']}` | {c['direction']} {_fmt(c['threshold'])} | {_fmt(c['target'])} | "
-                          f"{_fmt(c['observed'])} | {ci} | {per} | {c['verdict']}{why} |")
-        failed = [c["name"] for c in gates if not c["passed"]]
-        if failed:
-            detail.append(f"\nGates failed: {', '.join(f'`{n}`' for n in failed)}.")
-    return "\n".join(rows + detail)
+            out.append(f"| `{c['name']}` | {c['direction']} {_fmt(c['threshold'])} | {_fmt(c['target'])} | "
+                       f"{_fmt(c['observed'])} | {ci} | {per} | {c['verdict']}{why} |")
+    return "\n".join(out)
+
+
+def table(names: list[str]) -> str:
+    return summary(names) + "\n\n" + "\n\n".join(section(n) for n in names)
+
+
+def write_readme(names: list[str]) -> list[str]:
+    """Fill each ``<!-- full:NAME -->`` block (and ``full:summary``) in the suites README; returns the
+    names whose block is missing."""
+    text = README.read_text()
+    missing = []
+    blocks = {"summary": summary(names), **{n: section(n) for n in names}}
+    for key, body in blocks.items():
+        begin, end = f"<!-- full:{key} -->", f"<!-- /full:{key} -->"
+        if begin not in text or end not in text:
+            missing.append(key)
+            continue
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = head + begin + "\n" + body + "\n" + end + tail
+    README.write_text(text)
+    return missing
 
 
 def main() -> int:
@@ -145,6 +193,7 @@ def main() -> int:
     ap.add_argument("names", nargs="*")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--table", action="store_true")
+    ap.add_argument("--write-readme", action="store_true")
     ap.add_argument("--force", action="store_true", help="rerun suites that already have a matching record")
     args = ap.parse_args()
     registered = _registered()
@@ -154,6 +203,12 @@ def main() -> int:
     names = args.names or sorted(registered, key=lambda n: (_ONE_SEED_WALL_S.get(n, 300), n))
     if args.table:
         print(table(names))
+        return 0
+    if args.write_readme:
+        missing = write_readme(names)
+        if missing:
+            print(f"no README block for: {', '.join(missing)}", file=sys.stderr)
+            return 1
         return 0
     RECORDS.mkdir(parents=True, exist_ok=True)
     todo = [n for n in names if args.force or not _done(n, registered[n])]

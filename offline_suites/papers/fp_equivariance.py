@@ -386,7 +386,7 @@ def _similarity_checks(ctx: RunContext, cfg: Config, rng: np.random.Generator
         metrics[f"{fname}_small_count_visible"] = visible
         claims.append(claim(f"small_count_changes_output_{fname}", "far below the Theorem-2 bound, moving one "
                             "token from z1 to z2 changes the output", float(visible), ">=", 1.0,
-                            f"1 if f(X) ≠ f(Y) at α = {a_s}, β − α = {g_s}"))
+                            f"1 if f(X) ≠ f(Y) at α = {a_s}, β − α = {g_s}", no_effect=0.0))
     for fname in ("e5m2", "e4m3", "bf16", "fp16"):
         f = method_impl(cfg)(fname)
         same = _sum_lemma(f, rng, cfg.sum_lemma_pairs, 3 * 2 ** f.p, 6 * 2 ** f.p)
@@ -550,7 +550,7 @@ Config.METHODS = {
 }
 
 
-@register_suite("fp-equivariance", version=3, config=Config)
+@register_suite("fp-equivariance", version=4, config=Config)
 def run(ctx: RunContext, config: Config, seed: int) -> SuiteResult:
     set_threads(1)
     rng = np.random.default_rng(seed)
