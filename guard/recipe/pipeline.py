@@ -55,7 +55,10 @@ class BuildConfig:
     # counts as its evidence summed over M (no early prefix of a few tokens decides alone). The response
     # gate's windows stay short so that a cut lands soon after an unsafe part starts.
     prompt_head_grid: tuple[tuple[int, int, float, int], ...] = (
-        (64, 8, 1e-3, 128), (256, 8, 1e-3, 256), (2048, 16, 1e-3, 256), (2048, 64, 1e-3, 256))
+        (64, 8, 1e-3, 128), (128, 16, 1e-3, 256), (256, 8, 1e-3, 256), (2048, 16, 1e-3, 256), (2048, 64, 1e-3, 256))
+    # how the prompt gate's read-out is fitted (selection.FITS); the response gate keeps the window-max fit,
+    # whose cut lands where the unsafe part starts
+    prompt_head_fit: str = "sample_mean"
     response_head_grid: tuple[tuple[int, int, float, int], ...] = (
         (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128), (32, 8, 1e-3, 256))
     budget_prompt: float = 0.02      # share of benign prompts the prompt gate may refuse (calibration split)
@@ -225,24 +228,24 @@ def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_c
     for gate in GATES:
         budget = cfg.budget_prompt if gate == "prompt" else cfg.budget_response
         grid_of = cfg.prompt_head_grid if gate == "prompt" else cfg.response_head_grid
-        variants = [replace(cfg.head, window=int(v[0]), min_count=int(v[1]), l1=float(v[2]), max_latents=int(v[3]))
-                    for v in grid_of] if grid else [cfg.head]
+        base = replace(cfg.head, fit=cfg.prompt_head_fit) if gate == "prompt" else cfg.head
+        variants = [replace(base, window=int(v[0]), min_count=int(v[1]), l1=float(v[2]), max_latents=int(v[3]))
+                    for v in grid_of] if grid else [base]
         tried = []
         best: GateFit | None = None
+        best_hc = base
         for hc in variants:
             f = fit_gate(gate, td_sel[gate], sel[gate], td_cal[gate], cal[gate], hc, budget, cfg, categories=False)
             tried.append({"window": hc.window, "min_count": hc.min_count, "l1": hc.l1, "max_latents": hc.max_latents,
-                          "recall": f.calib["recall"], "family_flagged": f.calib["family_flagged"],
+                          "fit": hc.fit, "recall": f.calib["recall"], "family_flagged": f.calib["family_flagged"],
                           "per_family_rule": f.calib["per_family_rule"],
                           "average_precision": f.calib["average_precision"], "n_latents": len(f.spec.overall.ids)})
             if best is None or (f.calib["recall"], f.calib["average_precision"]) > (best.calib["recall"], best.calib["average_precision"]):
-                best = f
+                best, best_hc = f, hc
         assert best is not None
         if grid:
             # the category read-outs (which only name a cut) for the chosen variant alone
-            hc = replace(cfg.head, window=best.spec.pooling.window, min_count=best.spec.pooling.min_count,
-                         l1=float(best.spec.overall.info["l1"]), max_latents=int(best.spec.overall.info["max_latents"]))
-            best = fit_gate(gate, td_sel[gate], sel[gate], td_cal[gate], cal[gate], hc, budget, cfg,
+            best = fit_gate(gate, td_sel[gate], sel[gate], td_cal[gate], cal[gate], best_hc, budget, cfg,
                             head=best.spec.overall)
         fits[gate] = best
         ref = reference_gate(td_sel[gate], sel[gate], td_cal[gate], cal[gate], budget, cfg.head.max_density)
@@ -596,7 +599,8 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
 
     # 6. layer choice: the default read-out on each layer, compared on the calibration split
     prog.start("layer_choice")
-    fit_key = _hash([sae_key, asdict(cfg.head), cfg.prompt_head_grid, cfg.response_head_grid, cfg.budget_prompt, cfg.budget_response,
+    fit_key = _hash([sae_key, asdict(cfg.head), cfg.prompt_head_grid, cfg.prompt_head_fit, cfg.response_head_grid,
+                     cfg.budget_prompt, cfg.budget_response,
                      cfg.category_latents, cfg.min_category_samples, data_info["select"]["sha256"],
                      data_info["calib"]["sha256"]])
     lc_file = work / f"layer_choice-{fit_key}.json"

@@ -11,6 +11,14 @@ rise somewhere). An L1 penalty picks a few latents; the kept latents are refitte
 score is a window mean, a long benign answer is not pushed over the threshold by its length, and because
 every token of a safe sample is a negative, latents that fire all over benign answers get no weight.
 
+**The sample-mean read-out** (``HeadConfig.fit = "sample_mean"``, the prompt gate's default): the same
+candidates, each sample represented by the mean of its latents over its scored tokens, standardised, and an
+L2 logistic regression on the sample labels (every sample weighs the same); the ``max_latents`` largest
+standardised weights are kept and refitted. It is served through the same causal window as any read-out.
+Measured over the served monitor's latents, it generalises better to requests the fit never saw than the
+window-max fit, which with group-balanced weights gives a source of a handful of samples the weight of a
+large one and fits the window's spikes.
+
 Label-free pre-filter: latents that fire on more than ``max_density`` of the tokens of the served model's
 benign answers are excluded before fitting (they say more about "an answer is being written" than about
 its content). Nothing here reads token-level labels or a stream's onset.
@@ -32,6 +40,9 @@ from guard.recipe.encode import TokenData
 log = logging.getLogger(__name__)
 
 
+FITS = ("window_max", "sample_mean")
+
+
 @dataclass
 class HeadConfig:
     window: int = 16
@@ -49,6 +60,12 @@ class HeadConfig:
     tau: float = 0.25              # soft-max temperature over a sample's tokens during fitting
     seed: int = 0
     threads: int = 2
+    fit: str = "window_max"        # "window_max" (multiple-instance, L1) or "sample_mean" (L2 logistic)
+    c_reg: float = 0.03            # sample_mean: inverse L2 strength on standardised features
+
+    def __post_init__(self) -> None:
+        if self.fit not in FITS:
+            raise ValueError(f"Unknown read-out fit '{self.fit}'. Available: {', '.join(FITS)}")
 
     def pooling(self) -> Pooling:
         return Pooling(self.window, min(self.min_count, self.window))
@@ -182,7 +199,7 @@ def balanced_weights(y: np.ndarray, groups: Sequence[str] | None = None) -> np.n
 
 def fit_head(td: TokenData, y: np.ndarray, cfg: HeadConfig, *, benign_tokens: TokenData | None = None,
              sample_groups: Sequence[str] | None = None, category: str = "all", max_latents: int | None = None) -> Head:
-    """The sparse pooled read-out (see the module docstring)."""
+    """The read-out ``cfg.fit`` names (see the module docstring)."""
     import torch
 
     torch.set_num_threads(cfg.threads)
@@ -196,6 +213,8 @@ def fit_head(td: TokenData, y: np.ndarray, cfg: HeadConfig, *, benign_tokens: To
     s[~allowed] = -1
     cand = np.argsort(-s, kind="stable")[: cfg.candidates]
     cand = np.sort(cand[s[cand] >= 0])
+    if cfg.fit == "sample_mean":
+        return _fit_sample_mean(td, y, cand, cfg, category, max_latents or cfg.max_latents, t0)
     scales = latent_scales(td)
     prob = _Problem(td, cand, scales, cfg)
     sw = balanced_weights(y, sample_groups)
@@ -217,6 +236,46 @@ def fit_head(td: TokenData, y: np.ndarray, cfg: HeadConfig, *, benign_tokens: To
                       "loss_refit": losses2, "seconds": time.time() - t0})
     log.info("head %s: %d latents (%d candidates), loss %.4f -> %.4f, %.0fs", category, len(ids), len(cand),
              losses[0], losses2[-1], time.time() - t0)
+    return head
+
+
+def sample_means(td: TokenData, columns: np.ndarray) -> np.ndarray:
+    """(n_samples, len(columns)): each sample's mean activation of each column over its scored tokens."""
+    col = np.full(td.width, -1, dtype=np.int64)
+    col[columns] = np.arange(len(columns))
+    lens = td.lengths()
+    row_sample = np.repeat(np.arange(td.n_samples), lens)
+    row_of_nz = np.repeat(np.arange(td.n_tokens), np.diff(td.indptr))
+    c = col[td.indices]
+    m = c >= 0
+    out = np.zeros((td.n_samples, len(columns)), dtype=np.float64)
+    np.add.at(out, (row_sample[row_of_nz[m]], c[m]), td.values[m])
+    return out / np.maximum(lens, 1)[:, None]
+
+
+def _fit_sample_mean(td: TokenData, y: np.ndarray, cand: np.ndarray, cfg: HeadConfig, category: str,
+                     k: int, t0: float) -> Head:
+    from sklearn.linear_model import LogisticRegression
+
+    X = sample_means(td, cand)
+    sd = X.std(0) + 1e-6
+
+    def fit(cols: np.ndarray) -> tuple[np.ndarray, float]:
+        clf = LogisticRegression(C=cfg.c_reg, max_iter=5000).fit(X[:, cols] / sd[cols], y)
+        return clf.coef_[0], float(clf.intercept_[0])
+
+    w, _ = fit(np.arange(len(cand)))
+    order = np.argsort(-np.abs(w), kind="stable")
+    keep = np.sort(order[:k][np.abs(w[order[:k]]) > 1e-6 * max(np.abs(w).max(), 1e-12)])
+    w2, b2 = fit(keep)
+    ids = [int(cand[i]) for i in keep]
+    # weights in raw activation units: the served score is bias + window mean of sum_j w_j a_j
+    weights = [float(wi / sd[i]) for wi, i in zip(w2, keep, strict=True)]
+    head = Head(ids=ids, weights=weights, bias=b2, category=category,
+                info={"rule": "sample-mean read-out: L2 logistic on standardised per-sample mean latents",
+                      "window": cfg.window, "min_count": cfg.min_count, "c_reg": cfg.c_reg, "max_latents": k,
+                      "candidates": len(cand), "seconds": time.time() - t0})
+    log.info("head %s (sample mean): %d latents (%d candidates), %.0fs", category, len(ids), len(cand), time.time() - t0)
     return head
 
 

@@ -30,6 +30,7 @@ from guard.recipe.selection import (
     fit_head,
     head_sample_scores,
     reference_head,
+    sample_means,
     token_density,
 )
 from guard.sae import (
@@ -289,6 +290,27 @@ def test_reference_rule_and_sparse_readout_find_the_planted_latent():
     for i in (0, 1, 7):
         rows = td.dense_rows(i, list(range(24)))
         assert gs.scores(rows).max() == pytest.approx(sc[i], rel=1e-9)
+
+
+def test_sample_mean_readout_finds_the_planted_latent_and_serves_through_the_window():
+    td, y = _planted()
+    cfg = HeadConfig(window=4, min_count=2, max_latents=4, candidates=24, max_density=0.5, min_samples=2, threads=1,
+                     fit="sample_mean", c_reg=1.0)
+    head = fit_head(td, y, cfg)
+    w = dict(zip(head.ids, head.weights, strict=True))
+    assert len(head.ids) <= 4 and 3 in w and w[3] > 0
+    assert head.scales is None and head.clip is None and head.info["rule"].startswith("sample-mean")
+    sc = head_sample_scores(td, head, cfg.pooling())
+    assert sc[y == 1].min() > sc[y == 0].max()
+    gs = GateScorer(head, columns=list(range(24)), threshold=0.0, pooling=cfg.pooling())
+    for i in (0, 1, 7):
+        assert gs.scores(td.dense_rows(i, list(range(24)))).max() == pytest.approx(sc[i], rel=1e-9)
+    # each sample's mean over its scored tokens, as the fit reads it
+    means = sample_means(td, np.array([3, 5]))
+    for i in (0, 4):
+        assert means[i] == pytest.approx(td.dense_rows(i, [3, 5]).mean(0))
+    with pytest.raises(ValueError, match="Available: window_max, sample_mean"):
+        HeadConfig(fit="sample-mean")
 
 
 def test_density_filter_excludes_a_dense_latent_with_a_large_difference():
