@@ -220,6 +220,10 @@ def main() -> int:
     rc = 0
     for i, name in enumerate(todo, 1):
         est = _ONE_SEED_WALL_S.get(name, 300) * seeds_of[name]
+        if not args.force and _done(name, registered[name]):       # another runner got there first
+            print(f"[{i}/{len(todo)}] {name}: a matching record appeared meanwhile, skipped", flush=True)
+            left -= est
+            continue
         print(f"[{i}/{len(todo)}] {name}: FULL x{seeds_of[name]} seeds, est. {est / 60:.0f} min; "
               f"queue left ~{left / 60:.0f} min", flush=True)
         try:
