@@ -101,6 +101,8 @@ def run_one(name: str, spec: dict[str, Any], seed: int) -> dict[str, Any]:
 def _fmt(v: Any) -> str:
     if v is None:
         return "n/a"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
