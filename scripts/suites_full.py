@@ -29,14 +29,18 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "offline_suites" / "full-results"
 README = ROOT / "offline_suites" / "README.md"
 
-# One seed's FULL wall time from the single-seed runs (seconds, partly under load); only orders the queue
-# (cheap suites first, so an interrupted session still lands many) and feeds the ETA.
-_ONE_SEED_WALL_S = {
-    "scale-cp": 10, "iterated-erm": 13, "fp-equivariance": 28, "asasr": 54, "nextpixel-scaling": 83,
-    "return-critic": 89, "textatlas": 136, "repsim": 173, "powerlaw-cot": 203, "tableagent": 264,
-    "parpic": 120, "weight-perturb": 150, "kineflow": 271, "dicot": 469, "bicrossnet": 575, "area-cil": 300,
-    "cgm": 620,
-}
+# A suite without a record yet counts this many seconds per seed, for the queue's order and its ETA.
+_UNKNOWN_SEED_S = 300.0
+
+
+def _seed_seconds(name: str) -> float:
+    """Seconds per seed from the suite's last record (any version), so cheap suites run first and an
+    interrupted session still lands many."""
+    path = RECORDS / f"{name}.json"
+    if not path.exists():
+        return _UNKNOWN_SEED_S
+    rec = json.loads(path.read_text())
+    return float(rec["wall_s"]) / max(_seeds(rec["result"]), 1)
 
 
 def _registered() -> dict[str, dict[str, Any]]:
@@ -202,7 +206,7 @@ def main() -> int:
     unknown = [n for n in args.names if n not in registered]
     if unknown:
         ap.error(f"unknown suites {unknown}; registered: {sorted(registered)}")
-    names = args.names or sorted(registered, key=lambda n: (_ONE_SEED_WALL_S.get(n, 300), n))
+    names = args.names or sorted(registered, key=lambda n: (_seed_seconds(n), n))
     if args.table:
         print(table(names))
         return 0
@@ -218,10 +222,10 @@ def main() -> int:
     if skipped:
         print(f"records already match for {len(skipped)}: {', '.join(skipped)}", flush=True)
     seeds_of = {n: int(registered[n]["config"].get("run_seeds", 1)) for n in todo}
-    left = sum(_ONE_SEED_WALL_S.get(n, 300) * seeds_of[n] for n in todo)
+    left = sum(_seed_seconds(n) * seeds_of[n] for n in todo)
     rc = 0
     for i, name in enumerate(todo, 1):
-        est = _ONE_SEED_WALL_S.get(name, 300) * seeds_of[name]
+        est = _seed_seconds(name) * seeds_of[name]
         if not args.force and _done(name, registered[name]):       # another runner got there first
             print(f"[{i}/{len(todo)}] {name}: a matching record appeared meanwhile, skipped", flush=True)
             left -= est

@@ -203,8 +203,9 @@ class ServingChat(ServingBase):
         p.guard_fail_open, p.started = await self.gate([conversation], policy, lambda: self._streams(p, p.stats))
         return p
 
-    def _choices(self, p: PreparedChat, stats: StreamStats) -> AsyncIterator[tuple[int, TokenDelta | SafetyCut]]:
-        return p.started.items() if p.started is not None else merge(self._streams(p, stats))
+    def _choices(self, p: PreparedChat) -> AsyncIterator[tuple[int, TokenDelta | SafetyCut]]:
+        """The choices' items: the ones started beside the prompt gate, else started now."""
+        return p.started.items() if p.started is not None else merge(self._streams(p, p.stats))
 
     @staticmethod
     def _tool_spec(req: ChatCompletionRequest, engine: EngineClient) -> ToolSpec | None:
@@ -237,8 +238,9 @@ class ServingChat(ServingBase):
         tokenizer = self.engine.tokenizer
         return [tool_call_stage(s, ToolCallReader(p.tools, tokenizer)) for s in streams]
 
-    async def stream(self, p: PreparedChat, stats: StreamStats) -> AsyncIterator[ChatCompletionChunk]:
+    async def stream(self, p: PreparedChat) -> AsyncIterator[ChatCompletionChunk]:
         """Chunk objects for one streamed request (role first, content, finish, optional usage)."""
+        stats = p.stats
         stats.prompt_tokens = len(p.prompt_ids)
         stats.guard_fail_open.extend(p.guard_fail_open)
 
@@ -247,7 +249,7 @@ class ServingChat(ServingBase):
 
         for i in range(p.n):
             yield chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
-        async for i, item in self._choices(p, stats):
+        async for i, item in self._choices(p):
             if isinstance(item, SafetyCut):
                 stats.cuts.append(item)
                 stats.finish_reasons.append("content_filter")
@@ -298,7 +300,8 @@ class ServingChat(ServingBase):
             )
             yield ChatCompletionChunk(id=p.id, created=p.created, model=p.model, choices=[], usage=u)
 
-    async def complete(self, p: PreparedChat, stats: StreamStats) -> ChatCompletion:
+    async def complete(self, p: PreparedChat) -> ChatCompletion:
+        stats = p.stats
         stats.prompt_tokens = len(p.prompt_ids)
         stats.guard_fail_open.extend(p.guard_fail_open)
         texts = [""] * p.n
@@ -306,7 +309,7 @@ class ServingChat(ServingBase):
         lps: list[list[TokenLogprob]] = [[] for _ in range(p.n)]
         finish: list[str | None] = [None] * p.n
         safety: list[SafetyInfo | None] = [None] * p.n
-        async for i, item in self._choices(p, stats):
+        async for i, item in self._choices(p):
             if isinstance(item, SafetyCut):
                 stats.cuts.append(item)
                 finish[i] = "content_filter"

@@ -170,8 +170,9 @@ class ServingCompletion(ServingBase):
         p.guard_fail_open, p.started = await self.gate(convs, policy, lambda: self._streams(p, p.stats))
         return p
 
-    def _choices(self, p: PreparedCompletion, stats: StreamStats) -> AsyncIterator[tuple[int, TokenDelta | SafetyCut]]:
-        return p.started.items() if p.started is not None else merge(self._streams(p, stats))
+    def _choices(self, p: PreparedCompletion) -> AsyncIterator[tuple[int, TokenDelta | SafetyCut]]:
+        """The choices' items: the ones started beside the prompt gate, else started now."""
+        return p.started.items() if p.started is not None else merge(self._streams(p, p.stats))
 
     def _streams(self, p: PreparedCompletion, stats: StreamStats) -> list[AsyncIterator[TokenDelta | SafetyCut]]:
         assert self.engine is not None
@@ -202,11 +203,12 @@ class ServingCompletion(ServingBase):
         builders: list[LogprobBuilder | None] = [LogprobBuilder() if p.logprobs is not None else None for _ in range(total)]
         return [False] * total, builders
 
-    async def stream(self, p: PreparedCompletion, stats: StreamStats) -> AsyncIterator[Completion]:
+    async def stream(self, p: PreparedCompletion) -> AsyncIterator[Completion]:
+        stats = p.stats
         stats.prompt_tokens = sum(len(ids) for ids, _ in p.prompts) * p.n
         stats.guard_fail_open.extend(p.guard_fail_open)
         echoed, builders = self._choice_ready(p)
-        async for k, item in self._choices(p, stats):
+        async for k, item in self._choices(p):
             if isinstance(item, SafetyCut):
                 stats.cuts.append(item)
                 stats.finish_reasons.append("content_filter")
@@ -256,14 +258,15 @@ class ServingCompletion(ServingBase):
     def _chunk(self, p: PreparedCompletion, choice: CompletionChoice) -> Completion:
         return Completion(id=p.id, created=p.created, model=p.model, choices=[choice])
 
-    async def complete(self, p: PreparedCompletion, stats: StreamStats) -> Completion:
+    async def complete(self, p: PreparedCompletion) -> Completion:
         """The non-streamed response is the streamed chunks folded together (one code path to test)."""
+        stats = p.stats
         total = len(p.prompts) * p.n
         texts = [""] * total
         finish: list[str | None] = [None] * total
         safety: list[SafetyInfo | None] = [None] * total
         lps: list[CompletionLogprobs | None] = [CompletionLogprobs() if p.logprobs is not None else None for _ in range(total)]
-        async for chunk in self.stream(p, stats):
+        async for chunk in self.stream(p):
             for c in chunk.choices:
                 texts[c.index] += c.text
                 if c.finish_reason:

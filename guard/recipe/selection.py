@@ -248,9 +248,9 @@ def sample_means(td: TokenData, columns: np.ndarray) -> np.ndarray:
     row_of_nz = np.repeat(np.arange(td.n_tokens), np.diff(td.indptr))
     c = col[td.indices]
     m = c >= 0
-    out = np.zeros((td.n_samples, len(columns)), dtype=np.float64)
-    np.add.at(out, (row_sample[row_of_nz[m]], c[m]), td.values[m])
-    return out / np.maximum(lens, 1)[:, None]
+    flat = row_sample[row_of_nz[m]] * len(columns) + c[m]
+    out = np.bincount(flat, weights=td.values[m], minlength=td.n_samples * len(columns))
+    return out.reshape(td.n_samples, len(columns)) / np.maximum(lens, 1)[:, None]
 
 
 def _fit_sample_mean(td: TokenData, y: np.ndarray, cand: np.ndarray, cfg: HeadConfig, category: str,

@@ -23,7 +23,6 @@ async def create_completion(req: CompletionRequest, serving: CompletionDep, requ
     allow_disable = await may_disable_guard(request, req.guard)
     prepared = await serving.prepare(req, getattr(st, "guard_policy", None), allow_disable)
     st.guard_policy_applied = prepared.policy     # what the audit line records
-    stats = prepared.stats
     if req.stream:
-        return sse_response(serving.stream(prepared, stats), stats, prepared.id)
-    return json_response(await serving.complete(prepared, stats), stats, prepared.id)
+        return sse_response(serving.stream(prepared), prepared.stats, prepared.id)
+    return json_response(await serving.complete(prepared), prepared.stats, prepared.id)
