@@ -30,7 +30,7 @@ from guard.monitor import Head
 from guard.recipe import calibration as C
 from guard.recipe import data as DATA
 from guard.recipe.encode import TokenData
-from guard.recipe.sae import SAEConfig
+from guard.recipe.sae import SAEConfig, sae_key_fields
 from guard.recipe.safeguard import SafeguardConfig, train_safeguard, training_key_fields, verdict_scores
 from guard.recipe.selection import HeadConfig, fit_head, head_sample_scores, reference_head, token_density
 from guard.recipe.sources import Sample
@@ -127,6 +127,12 @@ def _gate_idx(samples: list[Sample], gate: str) -> list[int]:
 
 def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def sae_inputs_key(sae_cfg: SAEConfig, lora_id: str, select_sha: str, calib_sha: str, max_tokens: int) -> str:
+    """What a candidate SAE was trained from (settings, monitored network, data): a committed SAE whose
+    recorded key matches is reused. How it was computed (bf16 or fp32, threads) is not part of it."""
+    return _hash([sae_key_fields(sae_cfg), lora_id, select_sha, calib_sha, max_tokens])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -509,7 +515,8 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     train_idx = [i for i in fit_idx if not _stop_sample(every[i])]
     stop_idx = [i for i in fit_idx if _stop_sample(every[i])]
     sae_cfg = replace(cfg.sae, autocast=dtype == "bfloat16") if cfg.sae.autocast is None else cfg.sae
-    sae_key = _hash([asdict(sae_cfg), lora_id, data_info["select"]["sha256"], data_info["calib"]["sha256"], cfg.max_tokens])
+    sae_key = sae_inputs_key(sae_cfg, lora_id, data_info["select"]["sha256"], data_info["calib"]["sha256"],
+                             cfg.max_tokens)
     saes: dict[int, Any] = {}
     sae_m: dict[str, Any] = {"per_layer": {}}
 

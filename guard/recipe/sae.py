@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,15 @@ class SAEConfig:
     heldout_tokens: int = 40_000      # early-stopping rows (held-out samples, never trained on)
     threads: int = 2
     autocast: bool | None = None      # bf16 matmuls; None = where bf16 is native (the build's dtype is bf16)
+
+
+# How an SAE is trained, not what it learns: left out of the key that decides whether a committed SAE still
+# matches the build's inputs, so a build resumed on a machine without native bf16 reuses it.
+EXECUTION_FIELDS = ("autocast", "threads")
+
+
+def sae_key_fields(cfg: SAEConfig) -> dict[str, Any]:
+    return {k: v for k, v in asdict(cfg).items() if k not in EXECUTION_FIELDS}
 
 
 class _Stop(Exception):

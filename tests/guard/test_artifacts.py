@@ -86,6 +86,27 @@ def test_recorded_sae_quality() -> None:
         assert abs(held["l0"] - k) < 0.25 * k, L
 
 
+@pytest.mark.parametrize("autocast", [True, False])
+def test_committed_saes_are_reused_by_a_default_build_in_either_dtype(autocast: bool) -> None:
+    """A default build on the committed data and adapter finds the committed SAEs' keys, whether the machine
+    computes in bf16 or fp32: resuming a build elsewhere reuses them instead of retraining for an hour."""
+    from dataclasses import replace
+
+    from guard.recipe import data as DATA
+    from guard.recipe.pipeline import BuildConfig, _file_hash, sae_inputs_key
+    from guard.recipe.sources import data_hash
+
+    cfg = BuildConfig()
+    ds = DATA.load_dataset(ART / "data.jsonl.gz")
+    lora_id = "embedded|lora:" + _file_hash(ART / "lora" / "adapter_model.safetensors")
+    key = sae_inputs_key(replace(cfg.sae, autocast=autocast, threads=1), lora_id, data_hash(ds.splits["select"]),
+                         data_hash(ds.splits["calib"]), cfg.max_tokens)
+    for layer in cfg.sae.layers:
+        assert json.loads((ART / "candidates" / f"sae-L{layer}" / "train.json").read_text())["key"] == key, layer
+    assert key != sae_inputs_key(replace(cfg.sae, k=cfg.sae.k + 1), lora_id, data_hash(ds.splits["select"]),
+                                 data_hash(ds.splits["calib"]), cfg.max_tokens)
+
+
 def test_safeguard_was_trained_to_a_validation_stop() -> None:
     sg = _prov()["safeguard"]
     assert sg["steps_run"] >= 40 and sg["best_val_loss"] < sg["history"][0]["val_loss"]
