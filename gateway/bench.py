@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from gateway.config import Settings
+from inference.hardware import engine_dtype
 from inference.vllm_engine import resolve_model
 
 
@@ -198,7 +199,7 @@ def main(args: argparse.Namespace) -> int:
     vllm_cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", source, "--served-model-name", name,
         "--host", "127.0.0.1", "--port", str(vport), "--max-model-len", str(inf.max_model_len),
-        "--max-num-seqs", str(inf.max_num_seqs), "--seed", str(inf.seed), "--dtype", inf.dtype,
+        "--max-num-seqs", str(inf.max_num_seqs), "--seed", str(inf.seed), "--dtype", engine_dtype(inf.dtype),
         "--disable-uvicorn-access-log",
     ] + (["--enforce-eager"] if inf.enforce_eager else [])
     gw_cmd = [str(Path(sys.executable).with_name("nextguard")), "serve", "--host", "127.0.0.1", "--port", str(gport)]

@@ -5,23 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from inference.hardware import native_bf16
 
-def native_bf16() -> bool:
-    """True where bf16 matmuls run natively (AVX512-BF16 or AMX on x86, any CUDA device).
-
-    Elsewhere bf16 is emulated and several times slower than fp32, so the build and the runner use fp32."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return True
-    except ImportError:
-        return False
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
+__all__ = ["build_dtype", "cpu_features", "native_bf16", "preferred_dtype", "serving_dtype"]
 
 
 def preferred_dtype() -> str:

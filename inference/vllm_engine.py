@@ -15,6 +15,7 @@ from typing import Any
 
 from inference.config import InferenceSettings
 from inference.engine import EngineError, InvalidOptionsError, PromptTooLongError
+from inference.hardware import engine_dtype
 from inference.types import ModelCard, SamplingOptions, StructuredOutput, TokenDelta, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class VLLMEngineClient:
             served_model_name=[name],
             revision=settings.revision,
             trust_remote_code=settings.trust_remote_code,
-            dtype=settings.dtype,
+            dtype=engine_dtype(settings.dtype),
             max_model_len=settings.max_model_len,
             max_num_seqs=settings.max_num_seqs,
             gpu_memory_utilization=settings.gpu_memory_utilization,
