@@ -206,7 +206,9 @@ def main() -> int:
     unknown = [n for n in args.names if n not in registered]
     if unknown:
         ap.error(f"unknown suites {unknown}; registered: {sorted(registered)}")
-    names = args.names or sorted(registered, key=lambda n: (_seed_seconds(n), n))
+    # read once: the queue's order and its ETA stay what they were at the start while records get written
+    seed_s = {n: _seed_seconds(n) for n in registered}
+    names = args.names or sorted(registered, key=lambda n: (seed_s[n], n))
     if args.table:
         print(table(names))
         return 0
@@ -222,10 +224,10 @@ def main() -> int:
     if skipped:
         print(f"records already match for {len(skipped)}: {', '.join(skipped)}", flush=True)
     seeds_of = {n: int(registered[n]["config"].get("run_seeds", 1)) for n in todo}
-    left = sum(_seed_seconds(n) * seeds_of[n] for n in todo)
+    left = sum(seed_s[n] * seeds_of[n] for n in todo)
     rc = 0
     for i, name in enumerate(todo, 1):
-        est = _seed_seconds(name) * seeds_of[name]
+        est = seed_s[name] * seeds_of[name]
         if not args.force and _done(name, registered[name]):       # another runner got there first
             print(f"[{i}/{len(todo)}] {name}: a matching record appeared meanwhile, skipped", flush=True)
             left -= est

@@ -129,6 +129,11 @@ def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def monitored_id(base_id: str, lora_dir: Path | None) -> str:
+    """The network whose residuals a build reads: the base model, with the adapter's content hash if any."""
+    return base_id if lora_dir is None else f"{base_id}|lora:{_file_hash(lora_dir / 'adapter_model.safetensors')}"
+
+
 def sae_inputs_key(sae_cfg: SAEConfig, lora_id: str, select_sha: str, calib_sha: str, max_tokens: int) -> str:
     """What a candidate SAE was trained from (settings, monitored network, data): a committed SAE whose
     recorded key matches is reused. How it was computed (bf16 or fp32, threads) is not part of it."""
@@ -491,7 +496,7 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
                 shutil.rmtree(out / "lora")
             shutil.copytree(wl, out / "lora")
             _commit([out / "lora"], "guard build: safeguard LoRA", commit_stages)
-    lora_id = base_id + (f"|lora:{_file_hash(out / 'lora' / 'adapter_model.safetensors')}" if "lora" in cfg.monitored else "")
+    lora_id = monitored_id(base_id, out / "lora" if "lora" in cfg.monitored else None)
     if "lora" in cfg.monitored:
         lora, _ = load_guard_model(base_model, out / "lora", dtype=dtype)
     else:

@@ -93,18 +93,17 @@ def test_committed_saes_are_reused_by_a_default_build_in_either_dtype(autocast: 
     from dataclasses import replace
 
     from guard.recipe import data as DATA
-    from guard.recipe.pipeline import BuildConfig, _file_hash, sae_inputs_key
+    from guard.recipe.pipeline import BuildConfig, monitored_id, sae_inputs_key
     from guard.recipe.sources import data_hash
 
     cfg = BuildConfig()
     ds = DATA.load_dataset(ART / "data.jsonl.gz")
-    lora_id = "embedded|lora:" + _file_hash(ART / "lora" / "adapter_model.safetensors")
-    key = sae_inputs_key(replace(cfg.sae, autocast=autocast, threads=1), lora_id, data_hash(ds.splits["select"]),
-                         data_hash(ds.splits["calib"]), cfg.max_tokens)
+    inputs = (monitored_id("embedded", ART / "lora"), data_hash(ds.splits["select"]), data_hash(ds.splits["calib"]),
+              cfg.max_tokens)
+    key = sae_inputs_key(replace(cfg.sae, autocast=autocast, threads=1), *inputs)
     for layer in cfg.sae.layers:
         assert json.loads((ART / "candidates" / f"sae-L{layer}" / "train.json").read_text())["key"] == key, layer
-    assert key != sae_inputs_key(replace(cfg.sae, k=cfg.sae.k + 1), lora_id, data_hash(ds.splits["select"]),
-                                 data_hash(ds.splits["calib"]), cfg.max_tokens)
+    assert key != sae_inputs_key(replace(cfg.sae, k=cfg.sae.k + 1), *inputs)
 
 
 def test_safeguard_was_trained_to_a_validation_stop() -> None:
