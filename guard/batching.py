@@ -23,6 +23,7 @@ class _Job:
     slot: int
     ids: list[int] | None          # None: free the slot once everything queued before has run
     fut: asyncio.Future[Any]
+    provisional: int = 0           # the last ids are forgotten by the slot once they are read
 
 
 class GuardEngine:
@@ -133,13 +134,16 @@ class GuardEngine:
         self._queue.put_nowait(_Job(slot, None, fut))
         await fut
 
-    async def forward(self, slot: int, ids: Sequence[int]) -> Any:
+    async def forward(self, slot: int, ids: Sequence[int], provisional: int = 0) -> Any:
         """Residual rows (len(ids), d_model) after layer L for new tokens of a slot (or, with a ``readout``,
-        its arrays' rows for them)."""
+        its arrays' rows for them). The last ``provisional`` ids are read in the same step and then dropped
+        from the slot, as if never fed: a stream reads text whose tokens may still change that way."""
+        if not 0 <= provisional <= len(ids):
+            raise ValueError(f"provisional={provisional} outside 0..{len(ids)}")
         self._ensure()
         assert self._queue is not None
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Job(slot, list(ids), fut))
+        await self._queue.put(_Job(slot, list(ids), fut, provisional))
         return await fut
 
     async def _loop(self) -> None:
@@ -158,6 +162,11 @@ class GuardEngine:
             merged: dict[int, list[_Job]] = {}
             deferred: set[int] = set()
             for j in jobs:
+                if j.slot in merged and merged[j.slot][-1].provisional:
+                    # ids after dropped ones would sit behind them in the merged step: next step
+                    deferred.add(j.slot)
+                    q.put_nowait(j)
+                    continue
                 if j.slot not in merged:
                     if len(order) >= self.max_batch:
                         deferred.add(j.slot)
@@ -170,8 +179,9 @@ class GuardEngine:
                 q.put_nowait(j)         # its slot still has queued work: free it after that
             frees = [f for f in frees if f.slot not in deferred]
             batch = [(s, [t for j in merged[s] for t in (j.ids or [])]) for s in order]
+            drop = {s: merged[s][-1].provisional for s in order if merged[s][-1].provisional}
             try:
-                outs = await loop.run_in_executor(self._pool, self._step, batch) if batch else []
+                outs = await loop.run_in_executor(self._pool, self._step, batch, drop) if batch else []
                 self.steps += 1
                 self.batched_rows += len(batch)
                 for s, out in zip(order, outs, strict=True):
@@ -195,9 +205,12 @@ class GuardEngine:
                         j.fut.set_result(None)
                 self._grant()
 
-    def _step(self, batch: list[tuple[int, list[int]]]) -> list[Any]:
-        """The runner's step, then (with a readout) one read-out over every row, split back per slot."""
+    def _step(self, batch: list[tuple[int, list[int]]], drop: dict[int, int] | None = None) -> list[Any]:
+        """The runner's step (then each slot forgets its provisional tokens), then (with a readout) one
+        read-out over every row, split back per slot."""
         outs = self.runner.step(batch)
+        for s, n in (drop or {}).items():
+            self.runner.truncate(s, n)
         if self.readout is None or not outs:
             return list(outs)
         import torch

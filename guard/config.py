@@ -27,6 +27,10 @@ class GuardSettings(BaseModel):
         default=None, description="The monitored network's dtype; None = float32 (scores that do not depend on the "
         "batch); bfloat16 is faster where the CPU has it natively.")
     hold_back: int = Field(default=1, ge=1, description="Generated tokens withheld until scored (>= 1).")
+    score_open_tail: bool = Field(
+        default=True, description="Also score the answer's unfinished last word (re-read once it is finished), so "
+        "text leaves as soon as the text so far is scored instead of waiting for the next word; false = release "
+        "only text whose guard tokens can no longer change.")
     prompt_threshold: float | None = Field(default=None, description="Override the calibrated prompt gate.")
     response_threshold: float | None = Field(default=None, description="Override the calibrated response gate.")
     prompt_budget: float | None = Field(

@@ -246,6 +246,16 @@ class StreamScorer:
         self.last = {"c": c}
         return c, bool(c > self.threshold)
 
+    def snapshot(self) -> tuple[Any, ...]:
+        """The running state, for :meth:`restore` after scoring tokens that may still change."""
+        return (list(self.norms._sorted), deque(self._win, maxlen=self._win.maxlen),
+                deque(self._rows, maxlen=self._rows.maxlen), self.n_valid, self.max_c, dict(self.last))
+
+    def restore(self, state: tuple[Any, ...]) -> None:
+        sorted_norms, win, rows, self.n_valid, self.max_c, self.last = state
+        self.norms._sorted = list(sorted_norms)
+        self._win, self._rows = deque(win, maxlen=win.maxlen), deque(rows, maxlen=rows.maxlen)
+
     def cut_details(self) -> tuple[str, list[tuple[int, float]]]:
         """Category and top features of the window that ends at the last token (call right after a cut)."""
         rows = np.stack(list(self._rows))

@@ -51,3 +51,13 @@ class IncrementalRetokenizer:
             # characters after the last committed token but before the next token (e.g. a trailing
             # space) stay in the tail, so the next token keeps its leading space
         return out
+
+    def open_tail(self) -> list[tuple[int, int, int]]:
+        """The tokens of the text not yet committed, as it would tokenise if the stream ended now; nothing
+        is committed. They can change when more text arrives, so a caller scores them only provisionally."""
+        tail = self.text[self.committed:]
+        if not tail:
+            return []
+        enc = self.tok(tail, return_offsets_mapping=True, add_special_tokens=False)
+        base = self.committed
+        return [(int(t), base + a, base + b) for t, (a, b) in zip(enc["input_ids"], enc["offset_mapping"], strict=True)]

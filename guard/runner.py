@@ -106,6 +106,13 @@ class SlotRunner:
     def length(self, slot: int) -> int:
         return self.slots[slot].length
 
+    def truncate(self, slot: int, n: int) -> None:
+        """Forget the slot's last ``n`` tokens (their keys and values are overwritten by the next step)."""
+        s = self.slots[slot]
+        if not 0 <= n <= s.length:
+            raise ValueError(f"cannot drop {n} of slot {slot}'s {s.length} tokens")
+        s.length -= n
+
     @property
     def n_active(self) -> int:
         return sum(s.active for s in self.slots)
@@ -229,6 +236,15 @@ class HFRunner:
 
     def length(self, slot: int) -> int:
         return self._lens[slot]
+
+    def truncate(self, slot: int, n: int) -> None:
+        """Forget the slot's last ``n`` tokens (the HF cache is cropped)."""
+        ln = self._lens[slot]
+        if not 0 <= n <= ln:
+            raise ValueError(f"cannot drop {n} of slot {slot}'s {ln} tokens")
+        if n:
+            self._caps[slot].crop(ln - n)
+            self._lens[slot] = ln - n
 
     @property
     def n_active(self) -> int:

@@ -12,7 +12,10 @@ Shape::
   whole-sample score of the same text reads.
 * Hold-back: a generator delta is yielded only when the guard has scored every guard token that covers its
   characters, plus ``hold_back - 1`` further guard tokens. On a cut the pending deltas are dropped and a
-  :class:`SafetyCut` is yielded last, so the offending token never leaves.
+  :class:`SafetyCut` is yielded last, so the offending token never leaves. A word's guard tokens are final
+  only once a later whitespace arrives; with ``score_open_tail`` the unfinished word is also read as it
+  stands (then forgotten), so the text so far leaves after one guard step instead of one generator step
+  more, and the finished word is scored again before anything after it leaves.
 * Tokenising whole conversations runs in a worker thread, not on the event loop.
 * Errors inside the guard: fail closed (a ``guard_error`` cut) unless the policy says fail open.
 * Guard slots (``max_batch``, one per prompt being scored or stream being watched) are shared round-robin
@@ -424,7 +427,9 @@ class NextGuard:
                     final = d.finish_reason is not None
                     if final:
                         break
-                released, cut = await self._score_new(slot, st, st.retok.feed(text, final=final), policy, hold)
+                new = st.retok.feed(text, final=final)
+                tail = st.retok.open_tail() if self.settings.score_open_tail and not final else []
+                released, cut = await self._score_new(slot, st, new, policy, hold, tail)
                 for p in released:
                     yield p
                 if cut is not None:
@@ -468,13 +473,20 @@ class NextGuard:
                 await upstream.aclose()
 
     async def _score_new(self, slot: int, st: _StreamState, new: list[tuple[int, int, int]],
-                         policy: GuardPolicy, hold: int) -> tuple[list[TokenDelta], SafetyCut | None]:
+                         policy: GuardPolicy, hold: int, tail: list[tuple[int, int, int]] | None = None,
+                         ) -> tuple[list[TokenDelta], SafetyCut | None]:
         """Score new guard tokens in one step (they may span several deltas). Where a token crosses the
-        threshold, the deltas releasable before it leave first (in order), then the cut, if the policy cuts."""
+        threshold, the deltas releasable before it leave first (in order), then the cut, if the policy cuts.
+
+        ``tail``: the unfinished word's tokens, read in the same step and then forgotten by the slot and the
+        scorer. If none of them crosses the threshold, the deltas they cover may leave now: the text released
+        was scored as it stands. They are scored again, as final tokens, once the word is finished, and only
+        final tokens cut (a word's tokens can change as it grows)."""
         released: list[TokenDelta] = []
-        if not new:
+        tail = tail or []
+        if not new and not tail:
             return released, None
-        acts, norms = await self.engine.forward(slot, [t for t, _, _ in new])
+        acts, norms = await self.engine.forward(slot, [t for t, _, _ in new + tail], provisional=len(tail))
         for k, (_, a, b) in enumerate(new):
             c, now = st.scorer.step(acts[k], float(norms[k]))
             if now:
@@ -487,7 +499,25 @@ class NextGuard:
                     return released, cut
             st.scored_ends.append(b)
             st.scored_c.append(c)
+        if tail:
+            released += self._release_on_tail(st, tail, acts[len(new):], norms[len(new):], hold)
         return released, None
+
+    def _release_on_tail(self, st: _StreamState, tail: list[tuple[int, int, int]], acts: Any, norms: Any,
+                         hold: int) -> list[TokenDelta]:
+        saved = st.scorer.snapshot()
+        n_final = len(st.scored_ends)
+        try:
+            for k, (_, _, b) in enumerate(tail):
+                c, now = st.scorer.step(acts[k], float(norms[k]))
+                if now:
+                    return []      # the final tokens decide, once the word is finished
+                st.scored_ends.append(b)
+                st.scored_c.append(c)
+            return self._releasable(st, hold, False)
+        finally:
+            st.scorer.restore(saved)
+            del st.scored_ends[n_final:], st.scored_c[n_final:]
 
     def _releasable(self, st: _StreamState, hold: int, final: bool) -> list[TokenDelta]:
         """Pop the deltas that may leave: every guard token over their characters is scored, and ``hold - 1``

@@ -57,6 +57,12 @@ class FakeRunner:
     def length(self, slot: int) -> int:
         return self._lens[slot]
 
+    def truncate(self, slot: int, n: int) -> None:
+        assert 0 <= n <= self._lens[slot]
+        self._lens[slot] -= n
+        del self.fed[slot][len(self.fed[slot]) - n:]
+        self.events.append(("truncate", slot))
+
     @property
     def n_active(self) -> int:
         return len(self._lens)

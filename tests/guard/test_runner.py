@@ -87,3 +87,21 @@ def _gemma():
     return AutoModelForCausalLM.from_config(Gemma2Config(vocab_size=50, hidden_size=32, intermediate_size=48,
                                                          num_hidden_layers=2, num_attention_heads=2,
                                                          num_key_value_heads=1, head_dim=16))
+
+
+@pytest.mark.parametrize("kind", ["slot", "hf"])
+def test_truncated_tokens_are_forgotten(kind):
+    """Tokens read and then dropped (an unfinished word) leave no trace: what follows reads as if they had
+    never been fed, in a ragged batch beside another slot."""
+    model = _tiny("llama")
+    r = SlotRunner(model, 2, max_slots=4, init_len=8) if kind == "slot" else HFRunner(_tiny("llama"), 2)
+    a, b = r.alloc(), r.alloc()
+    first = r.step([(a, [3, 1, 4, 60, 61, 62]), (b, [7, 7])])
+    r.truncate(a, 3)
+    assert r.length(a) == 3 and r.length(b) == 2
+    nxt = r.step([(a, [1, 5, 9]), (b, [8])])
+    torch.testing.assert_close(torch.cat([first[0][:3], nxt[0]]), _hf_resid(model, [3, 1, 4, 1, 5, 9], 2),
+                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.cat([first[1], nxt[1]]), _hf_resid(model, [7, 7, 8], 2), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError):
+        r.truncate(a, 7)

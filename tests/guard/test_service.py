@@ -9,9 +9,9 @@ import pytest
 
 from guard.api import GuardPolicy, SafetyCut, StreamGuard
 from guard.retokenize import IncrementalRetokenizer
-from guard.text import user
+from guard.text import response_context, user
 from inference.types import TokenDelta
-from tests.guard.conftest import make_guard
+from tests.guard.conftest import FakeRunner, make_guard
 
 TEXT_SAFE = "hello there my friend , how are you today ? the weather is nice and the sky is blue"
 TEXT_BAD = "hello there my friend , here is how to build a bomb at home quickly"
@@ -384,3 +384,118 @@ async def test_deltas_that_arrived_together_are_scored_in_one_step(tok, tmp_path
     out = [x async for x in g.watch(user("tell me a story"), all_at_once(), GuardPolicy())]
     assert out == ds
     assert len(runner.batches) <= 3 < len(ds)       # context, then the waiting deltas (and the final flush)
+
+
+async def _first_out_while_upstream_waits(g, ds, n_sent: int, wait_s: float = 2.0):
+    """Send ``n_sent`` deltas and hold the rest back; return what the guard released meanwhile (waiting up to
+    ``wait_s`` for a first release), then everything once the rest is sent."""
+    q: asyncio.Queue = asyncio.Queue()
+    for d in ds[:n_sent]:
+        q.put_nowait(d)
+
+    async def upstream():
+        while (d := await q.get()) is not None:
+            yield d
+
+    out: list = []
+
+    async def consume():
+        async for x in g.watch(user("tell me a story"), upstream(), GuardPolicy()):
+            out.append(x)
+
+    task = asyncio.create_task(consume())
+    loop = asyncio.get_running_loop()
+    end = loop.time() + wait_s
+    while not out and loop.time() < end:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    early = list(out)
+    for d in [*ds[n_sent:], None]:
+        q.put_nowait(d)
+    await asyncio.wait_for(task, 20)
+    return early, out
+
+
+@pytest.mark.parametrize("open_tail", [True, False])
+async def test_an_unfinished_word_leaves_once_scored_only_with_open_tail(tok, tmp_path, open_tail):
+    """The first word of an answer is released after one guard step when the open tail is scored; without
+    it, it waits for the next word (its guard tokens may still change). Either way the stream ends whole."""
+    g, runner, _ = make_guard(tok, tmp_path, score_open_tail=open_tail)
+    ds = _deltas(TEXT_SAFE, tok, seed=0, max_chunk=1)
+    assert ds[1].text.startswith(" ")           # the first word is finished only by the second delta
+    early, out = await _first_out_while_upstream_waits(g, ds, 1)
+    assert out == ds
+    assert early == (ds[:1] if open_tail else [])
+
+
+async def test_the_open_tail_is_forgotten_so_the_slot_reads_the_final_tokens(tok, tmp_path):
+    """What a stream leaves in its guard slot, and every score that can cut, are those of the final
+    tokenisation of the text, exactly as without the open tail."""
+    results = {}
+    for open_tail in (True, False):
+        g, runner, bad = make_guard(tok, tmp_path, score_open_tail=open_tail)
+        steps: list[list[int]] = []
+        step = runner.step
+
+        def recording(batch, step=step, steps=steps, runner=runner):
+            outs = step(batch)
+            steps.append([int(t) for t in runner.fed[batch[0][0]]])
+            return outs
+
+        runner.step = recording
+        ds = _deltas(TEXT_BAD, tok, seed=4, max_chunk=2)
+
+        async def paced(ds=ds):
+            for d in ds:        # a generator slower than the guard: one step per delta, open tails read
+                await asyncio.sleep(0.02)
+                yield d
+
+        out = [x async for x in g.watch(user("tell me a story"), paced(), GuardPolicy())]
+        cut = out[-1]
+        assert isinstance(cut, SafetyCut)
+        results[open_tail] = (cut.token_offset, cut.score, cut.char_offset, steps[-1])
+        if open_tail:
+            assert ("truncate", 0) in runner.events
+        ctx = tok(response_context(user("tell me a story")), add_special_tokens=False)["input_ids"]
+        assert steps[-1][:len(ctx)] == ctx
+        assert bad in steps[-1]
+        assert bad not in [t for d in out[:-1] for t in d.token_ids]
+    # the slot holds the context and final tokens only: the same sequence either way (up to where each
+    # step ended), the offending token at the same place, the same cut
+    a, b = results[True][3], results[False][3]
+    n = min(len(a), len(b))
+    assert a[:n] == b[:n] and a.index(bad) == b.index(bad)
+    assert results[True][1:3] == results[False][1:3]
+    assert results[True][0] >= results[False][0]
+
+
+async def test_an_open_tail_over_the_threshold_holds_the_word_back_without_cutting(tok, tmp_path):
+    """A provisional token that crosses the threshold releases nothing; only the final tokens cut."""
+    g, runner, bad = make_guard(tok, tmp_path, score_open_tail=True)
+    text = "hello there bomb"
+    ds = _deltas(text, tok, seed=0, max_chunk=1)
+    assert ds[-1].text == " bomb"
+    early, out = await _first_out_while_upstream_waits(g, ds, len(ds) - 1)
+    # " bomb" is still open while its delta is the last one received: hidden, and no cut yet
+    assert all(not isinstance(x, SafetyCut) for x in early)
+    assert isinstance(out[-1], SafetyCut)
+    assert bad not in [t for d in out[:-1] for t in d.token_ids]
+
+
+async def test_engine_forgets_provisional_ids_after_reading_them(tok, tmp_path):
+    import torch
+
+    from guard.batching import GuardEngine
+
+    runner = FakeRunner(len(tok))
+    eng = GuardEngine(runner, 4)
+    slot = await eng.acquire()
+    rows = await eng.forward(slot, [5, 6, 7, 8], provisional=2)
+    assert rows.shape[0] == 4 and runner.length(slot) == 2 and runner.fed[slot] == [5, 6]
+    again = await eng.forward(slot, [7, 9])
+    assert runner.fed[slot] == [5, 6, 7, 9]
+    assert torch.equal(rows[2], again[0])
+    with pytest.raises(ValueError):
+        await eng.forward(slot, [1], provisional=2)
+    await eng.release(slot)
+    await eng.close()
