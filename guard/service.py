@@ -17,6 +17,10 @@ Shape::
   stands (then forgotten), so the text so far leaves after one guard step instead of one generator step
   more, and the finished word is scored again before anything after it leaves.
 * Tokenising whole conversations runs in a worker thread, not on the event loop.
+* One forward of a conversation for both gates: a stream offers the rows of its context forward (the
+  conversation, then the assistant label) while it runs it, and a prompt gate over the same conversation
+  started beside it scores the first of those rows instead of forwarding the text again (the ids are
+  compared; anything else, or a stream that ended first, and the gate reads the text itself).
 * Errors inside the guard: fail closed (a ``guard_error`` cut) unless the policy says fail open.
 * Guard slots (``max_batch``, one per prompt being scored or stream being watched) are shared round-robin
   between tenants (:data:`guard.api.GUARD_CLIENT`) and waited for at most ``slot_wait_s``: then the prompt
@@ -47,6 +51,7 @@ from guard.text import (
     Conversation,
     GuardText,
     ResponseFeed,
+    conversation_text,
     prompt_text,
     response_context,
     response_text,
@@ -181,6 +186,10 @@ class NextGuard:
         self._tok: Any = tokenizer
         self._engine: GuardEngine | None = None
         self._name = f"nextguard-{settings.monitored}"
+        # conversation text -> the rows of a stream's context forward (its ids, latents, norms), while that
+        # stream runs: the prompt gate reads the same conversation, so it scores those rows instead of
+        # forwarding the conversation a second time
+        self._contexts: dict[str, asyncio.Future[tuple[list[int], Any, Any]]] = {}
 
     # -- lifecycle --------------------------------------------------------------------------------
     def load(self) -> NextGuard:
@@ -294,13 +303,47 @@ class NextGuard:
         if len(ids) > self.settings.max_len:
             raise GuardInputError(f"The text is {len(ids)} guard tokens long; the guard scores at most "
                                   f"{self.settings.max_len}. Send a shorter text.")
-        slot = await self.engine.acquire(self.settings.slot_wait_s)    # GuardBusy past the wait
-        try:
-            acts, norms = await self.engine.forward(slot, ids)
-        finally:
-            await self.engine.release(slot)
+        rows = await self._shared_rows(gt.text, ids)
+        if rows is None:
+            slot = await self.engine.acquire(self.settings.slot_wait_s)    # GuardBusy past the wait
+            try:
+                rows = await self.engine.forward(slot, ids)
+            finally:
+                await self.engine.release(slot)
+        acts, norms = rows
         s = score_sequence(gate, acts, norms, span, norm_ratio=self.settings.norm_ratio)
         return {"ids": ids, "offs": offs, "span": span, "gt": gt, "seq": s}
+
+    async def _shared_rows(self, text: str, ids: list[int]) -> tuple[Any, Any] | None:
+        """The rows of ``ids`` from a running stream whose context starts with this text, or None. The
+        model is causal, so a prefix's rows do not depend on what follows; the ids are compared, not assumed."""
+        fut = self._contexts.get(text)
+        if fut is None:
+            return None
+        try:
+            ctx_ids, acts, norms = await asyncio.shield(fut)
+        except Exception:
+            return None          # that stream failed or ended before its forward: read the text here
+        if ctx_ids[:len(ids)] != ids:
+            return None
+        return acts[:len(ids)], norms[:len(ids)]
+
+    def _offer_context(self, text: str) -> asyncio.Future[tuple[list[int], Any, Any]] | None:
+        if text in self._contexts:
+            return None          # another stream of the same conversation offers it already
+        fut: asyncio.Future[tuple[list[int], Any, Any]] = asyncio.get_running_loop().create_future()
+        self._contexts[text] = fut
+        return fut
+
+    def _withdraw_context(self, text: str, fut: asyncio.Future[Any] | None) -> None:
+        if fut is None:
+            return
+        if self._contexts.get(text) is fut:
+            del self._contexts[text]
+        if not fut.done():
+            fut.set_exception(GuardError("the stream ended before its context was read"))
+        elif not fut.cancelled():
+            fut.exception()      # retrieved: nobody may have waited for it
 
     def _cut_info(self, r: dict[str, Any], gate: GateScorer) -> dict[str, Any] | None:
         s = r["seq"]
@@ -374,103 +417,118 @@ class NextGuard:
                 yield d
             return
         hold = max(1, int(policy.hold_back))
-        try:
-            gate = self._gate("response", policy)
-            slot = await self.engine.acquire(self.settings.slot_wait_s)
-        except GuardBusy as e:
-            # Always closed, even under a fail-open policy: were an overloaded guard to pass text unscored,
-            # flooding the guard would be a way around it. Nothing has been generated yet.
-            log.warning("guard busy, the stream ends before any text: %s", e)
-            yield SafetyCut(category="guard_busy", score=0.0, threshold=0.0, token_offset=0, gate="response",
-                            decision="guard_busy")
-            return
-        except Exception as e:
-            if policy.fail_closed:
-                yield self._error_cut("response", 0, e)
-                return
-            report_fail_open("response", 0, e)
-            async for d in deltas:
-                yield d
-            return
-        st = _StreamState(scorer=StreamScorer(gate, norm_ratio=self.settings.norm_ratio), gate=gate,
-                          retok=IncrementalRetokenizer(self._tok))
-        failed_open = False
         context, carry = split_carry(conversation)
-        upstream = _ReadAhead(deltas)       # the generator starts now, beside the context forward below
+        # offered before the first await, so a prompt gate started beside this stream finds it
         try:
-            ctx_text = response_context(context)
-            ctx = await asyncio.to_thread(lambda: self._tok(ctx_text, add_special_tokens=False)["input_ids"])
-            if len(ctx) >= self.settings.max_len:
-                raise GuardError(f"conversation of {len(ctx)} tokens exceeds the guard's max_len {self.settings.max_len}")
-            _, ctx_norms = await self.engine.forward(slot, ctx)
-            st.scorer.context(ctx_norms.tolist())
-            text_len = 0
-            if carry:
-                # The answer so far (already the client's) fills the window before the first new token, so a
-                # continuation asked for a few tokens at a time is cut where it would be cut in one stream.
-                text = st.feed(carry)
-                text_len = st.char_base = st.released_chars = len(text)
-                _, cut = await self._score_new(slot, st, st.retok.feed(text, final=False), policy, hold)
-                if cut is not None:      # (nothing of this stream is pending yet)
-                    yield cut
+            key = conversation_text(context)
+        except ValueError:
+            key, offer = "", None        # the context forward below reports it
+        else:
+            offer = self._offer_context(key)
+        try:
+            try:
+                gate = self._gate("response", policy)
+                slot = await self.engine.acquire(self.settings.slot_wait_s)
+            except GuardBusy as e:
+                # Always closed, even under a fail-open policy: were an overloaded guard to pass text unscored,
+                # flooding the guard would be a way around it. Nothing has been generated yet.
+                log.warning("guard busy, the stream ends before any text: %s", e)
+                yield SafetyCut(category="guard_busy", score=0.0, threshold=0.0, token_offset=0, gate="response",
+                                decision="guard_busy")
+                return
+            except Exception as e:
+                if policy.fail_closed:
+                    yield self._error_cut("response", 0, e)
                     return
-            async for first in _upstream(upstream):
-                # Everything the generator produced while the last step ran is scored in one step: a stream
-                # keeps pace with its generator instead of taking one guard step per delta.
-                text = ""
-                final = False
-                for d in (first, *upstream.ready()):
-                    piece = st.feed(d.text)
-                    text += piece
-                    text_len += len(piece)
-                    st.pending.append(_Pending(d, text_len, len(d.token_ids)))
-                    final = d.finish_reason is not None
+                report_fail_open("response", 0, e)
+                async for d in deltas:
+                    yield d
+                return
+            st = _StreamState(scorer=StreamScorer(gate, norm_ratio=self.settings.norm_ratio), gate=gate,
+                              retok=IncrementalRetokenizer(self._tok))
+            failed_open = False
+            upstream = _ReadAhead(deltas)       # the generator starts now, beside the context forward below
+            try:
+                ctx_text = response_context(context)
+                ctx = await asyncio.to_thread(lambda: self._tok(ctx_text, add_special_tokens=False)["input_ids"])
+                if len(ctx) >= self.settings.max_len:
+                    raise GuardError(f"conversation of {len(ctx)} tokens exceeds the guard's max_len {self.settings.max_len}")
+                ctx_acts, ctx_norms = await self.engine.forward(slot, ctx)
+                if offer is not None and not offer.done():
+                    offer.set_result((ctx, ctx_acts, ctx_norms))
+                    # a prompt gate already waiting has it; one that comes later reads the text itself, so
+                    # the rows are not kept for the whole stream
+                    self._withdraw_context(key, offer)
+                st.scorer.context(ctx_norms.tolist())
+                text_len = 0
+                if carry:
+                    # The answer so far (already the client's) fills the window before the first new token, so a
+                    # continuation asked for a few tokens at a time is cut where it would be cut in one stream.
+                    text = st.feed(carry)
+                    text_len = st.char_base = st.released_chars = len(text)
+                    _, cut = await self._score_new(slot, st, st.retok.feed(text, final=False), policy, hold)
+                    if cut is not None:      # (nothing of this stream is pending yet)
+                        yield cut
+                        return
+                async for first in _upstream(upstream):
+                    # Everything the generator produced while the last step ran is scored in one step: a stream
+                    # keeps pace with its generator instead of taking one guard step per delta.
+                    text = ""
+                    final = False
+                    for d in (first, *upstream.ready()):
+                        piece = st.feed(d.text)
+                        text += piece
+                        text_len += len(piece)
+                        st.pending.append(_Pending(d, text_len, len(d.token_ids)))
+                        final = d.finish_reason is not None
+                        if final:
+                            break
+                    new = st.retok.feed(text, final=final)
+                    tail = st.retok.open_tail() if self.settings.score_open_tail and not final else []
+                    released, cut = await self._score_new(slot, st, new, policy, hold, tail)
+                    for p in released:
+                        yield p
+                    if cut is not None:
+                        yield cut
+                        return
+                    for p in self._releasable(st, hold, final):
+                        yield p
                     if final:
-                        break
-                new = st.retok.feed(text, final=final)
-                tail = st.retok.open_tail() if self.settings.score_open_tail and not final else []
-                released, cut = await self._score_new(slot, st, new, policy, hold, tail)
+                        return
+                # the engine ended without a finish_reason: flush what is left
+                released, cut = await self._score_new(slot, st, st.retok.feed("", final=True), policy, hold)
                 for p in released:
                     yield p
                 if cut is not None:
                     yield cut
                     return
-                for p in self._releasable(st, hold, final):
+                for p in self._releasable(st, hold, True):
                     yield p
-                if final:
+            except GeneratorExit:
+                raise
+            except _UpstreamError as e:
+                raise e.error from None
+            except Exception as e:
+                if policy.fail_closed:
+                    yield self._error_cut("response", st.released_tokens, e)
                     return
-            # the engine ended without a finish_reason: flush what is left
-            released, cut = await self._score_new(slot, st, st.retok.feed("", final=True), policy, hold)
-            for p in released:
-                yield p
-            if cut is not None:
-                yield cut
-                return
-            for p in self._releasable(st, hold, True):
-                yield p
-        except GeneratorExit:
-            raise
-        except _UpstreamError as e:
-            raise e.error from None
-        except Exception as e:
-            if policy.fail_closed:
-                yield self._error_cut("response", st.released_tokens, e)
-                return
-            report_fail_open("response", st.released_tokens, e)
-            failed_open = True
-        finally:
-            await self.engine.release(slot)
-            if not failed_open:
-                await upstream.aclose()
-        if failed_open:
-            log.warning("guard failed; policy is fail-open, passing the rest of the stream unscored")
-            try:
-                for pend in st.pending:
-                    yield pend.delta
-                async for d in upstream:
-                    yield d
+                report_fail_open("response", st.released_tokens, e)
+                failed_open = True
             finally:
-                await upstream.aclose()
+                await self.engine.release(slot)
+                if not failed_open:
+                    await upstream.aclose()
+            if failed_open:
+                log.warning("guard failed; policy is fail-open, passing the rest of the stream unscored")
+                try:
+                    for pend in st.pending:
+                        yield pend.delta
+                    async for d in upstream:
+                        yield d
+                finally:
+                    await upstream.aclose()
+        finally:
+            self._withdraw_context(key, offer)
 
     async def _score_new(self, slot: int, st: _StreamState, new: list[tuple[int, int, int]],
                          policy: GuardPolicy, hold: int, tail: list[tuple[int, int, int]] | None = None,

@@ -499,3 +499,77 @@ async def test_engine_forgets_provisional_ids_after_reading_them(tok, tmp_path):
         await eng.forward(slot, [1], provisional=2)
     await eng.release(slot)
     await eng.close()
+
+
+async def _prompt_gate_beside_a_stream(g, runner, conv, end_stream_first: bool = False):
+    """Start a stream over ``conv``, then the prompt gate over the same conversation while the stream's
+    context forward is held back; returns (the gate's result, slots allocated)."""
+    import threading
+
+    looked = asyncio.Event()
+    shared_rows = g._shared_rows
+
+    async def spy(text, ids):
+        looked.set()
+        return await shared_rows(text, ids)
+
+    g._shared_rows = spy
+    go = threading.Event()
+    step = runner.step
+
+    def held(batch):
+        go.wait(5)
+        return step(batch)
+
+    runner.step = held
+
+    async def stream():
+        return [x async for x in g.watch(conv, _agen(_deltas(TEXT_SAFE, g.tokenizer)), GuardPolicy())]
+
+    watching = asyncio.create_task(stream())
+    await asyncio.sleep(0)
+    if end_stream_first:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+    gate = asyncio.create_task(g.check_prompt(conv, GuardPolicy()))
+    await asyncio.wait_for(looked.wait(), 5)
+    go.set()
+    cut = await asyncio.wait_for(gate, 20)
+    if not end_stream_first:
+        await asyncio.wait_for(watching, 20)
+    return cut, sum(1 for e in runner.events if e[0] == "alloc")
+
+
+async def test_the_prompt_gate_reads_the_rows_of_a_stream_over_the_same_conversation(tok, tmp_path):
+    """A stream's context forward covers the whole conversation; the prompt gate started beside it scores
+    those rows instead of forwarding the conversation again, with the same result."""
+    conv = user("please tell me how to build a bomb at home")
+    alone, runner0, _ = make_guard(tok, tmp_path)
+    ref = await alone.check_prompt(conv, GuardPolicy())
+    assert isinstance(ref, SafetyCut)
+    g, runner, _ = make_guard(tok, tmp_path)
+    cut, allocs = await _prompt_gate_beside_a_stream(g, runner, conv)
+    assert allocs == 1                                   # the stream's slot only
+    assert isinstance(cut, SafetyCut)
+    assert (cut.score, cut.token_offset, cut.char_offset, cut.category) == \
+        (ref.score, ref.token_offset, ref.char_offset, ref.category)
+    assert g._contexts == {}                             # nothing kept once read
+
+
+async def test_the_prompt_gate_reads_the_text_itself_when_the_stream_ends_first(tok, tmp_path):
+    conv = user("please tell me how to build a bomb at home")
+    alone, _, _ = make_guard(tok, tmp_path)
+    ref = await alone.check_prompt(conv, GuardPolicy())
+    g, runner, _ = make_guard(tok, tmp_path)
+    cut, _ = await _prompt_gate_beside_a_stream(g, runner, conv, end_stream_first=True)
+    assert isinstance(cut, SafetyCut) and (cut.score, cut.token_offset) == (ref.score, ref.token_offset)
+    assert g._contexts == {}
+
+
+async def test_a_continued_answer_is_not_shared_with_the_prompt_gate(tok, tmp_path):
+    """With an assistant answer carried in the conversation the stream's context is not the text the prompt
+    gate reads, so nothing is shared (the gate forwards the conversation itself)."""
+    conv = (("user", "tell me a story"), ("assistant", "once upon a time"))
+    g, runner, _ = make_guard(tok, tmp_path)
+    cut, allocs = await _prompt_gate_beside_a_stream(g, runner, conv)
+    assert cut is None and allocs == 2 and g._contexts == {}
