@@ -55,10 +55,12 @@ class BuildConfig:
     # counts as its evidence summed over M (no early prefix of a few tokens decides alone). The response
     # gate's windows stay short so that a cut lands soon after an unsafe part starts.
     prompt_head_grid: tuple[tuple[int, int, float, int], ...] = (
-        (64, 8, 1e-3, 128), (128, 16, 1e-3, 256), (256, 8, 1e-3, 256), (2048, 16, 1e-3, 256), (2048, 64, 1e-3, 256))
-    # how the prompt gate's read-out is fitted (selection.FITS); the response gate keeps the window-max fit,
-    # whose cut lands where the unsafe part starts
-    prompt_head_fit: str = "sample_mean"
+        (64, 8, 1e-3, 128), (256, 8, 1e-3, 256), (2048, 16, 1e-3, 256), (2048, 64, 1e-3, 256))
+    # how the prompt gate's read-out is fitted (selection.FITS). "sample_mean" (an L2 logistic on per-sample
+    # mean latents) beat the window-max fit over a fixed set of latents, but in a full build, where it also
+    # chooses the latents, it lost on the test split (balanced accuracy 0.74 vs 0.76); the response gate
+    # always keeps the window-max fit, whose cut lands where the unsafe part starts
+    prompt_head_fit: str = "window_max"
     response_head_grid: tuple[tuple[int, int, float, int], ...] = (
         (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128), (32, 8, 1e-3, 256))
     budget_prompt: float = 0.02      # share of benign prompts the prompt gate may refuse (calibration split)
