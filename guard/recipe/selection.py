@@ -11,13 +11,14 @@ rise somewhere). An L1 penalty picks a few latents; the kept latents are refitte
 score is a window mean, a long benign answer is not pushed over the threshold by its length, and because
 every token of a safe sample is a negative, latents that fire all over benign answers get no weight.
 
-**The sample-mean read-out** (``HeadConfig.fit = "sample_mean"``, the prompt gate's default): the same
+**The sample-mean read-out** (``HeadConfig.fit = "sample_mean"``; ``BuildConfig.prompt_head_fit``): the same
 candidates, each sample represented by the mean of its latents over its scored tokens, standardised, and an
 L2 logistic regression on the sample labels (every sample weighs the same); the ``max_latents`` largest
 standardised weights are kept and refitted. It is served through the same causal window as any read-out.
-Measured over the served monitor's latents, it generalises better to requests the fit never saw than the
+Measured over a fixed set of latents, it generalised better to requests the fit never saw than the
 window-max fit, which with group-balanced weights gives a source of a handful of samples the weight of a
-large one and fits the window's spikes.
+large one and fits the window's spikes; in a full build, choosing its own latents, it lost on the test
+split, so the window-max fit stays the default for both gates.
 
 Label-free pre-filter: latents that fire on more than ``max_density`` of the tokens of the served model's
 benign answers are excluded before fitting (they say more about "an answer is being written" than about
