@@ -28,8 +28,11 @@ def suite_llm() -> Iterator[Any]:
         from inference.config import InferenceSettings
         from inference.vllm_engine import VLLMEngineClient
 
+        # fp32: with bf16 CPU kernels (native on AVX512-BF16/AMX machines) a sampled token can depend on which
+        # requests share a decode step, so two runs of a suite with one seed could differ; the contract checks
+        # that a suite is deterministic given a deterministic engine
         bg = BackgroundEngine(lambda: VLLMEngineClient.from_settings(
-            InferenceSettings(multiprocessing=False, max_model_len=1024, seed=0)))
+            InferenceSettings(multiprocessing=False, max_model_len=1024, seed=0, dtype="float32")))
     try:
         client = bg.client()
         # warm the engine's chat and prompt-logprob paths so no suite's time budget pays for it
