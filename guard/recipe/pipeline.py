@@ -32,7 +32,14 @@ from guard.recipe import data as DATA
 from guard.recipe.encode import TokenData
 from guard.recipe.sae import SAEConfig, sae_key_fields
 from guard.recipe.safeguard import SafeguardConfig, train_safeguard, training_key_fields, verdict_scores
-from guard.recipe.selection import HeadConfig, fit_head, head_sample_scores, reference_head, token_density
+from guard.recipe.selection import (
+    HeadConfig,
+    fit_head,
+    fit_sample_mean_head,
+    head_sample_scores,
+    reference_head,
+    token_density,
+)
 from guard.recipe.sources import Sample
 
 log = logging.getLogger(__name__)
@@ -61,6 +68,13 @@ class BuildConfig:
     # chooses the latents, it lost on the test split (balanced accuracy 0.74 vs 0.76); the response gate
     # always keeps the window-max fit, whose cut lands where the unsafe part starts
     prompt_head_fit: str = "window_max"
+    # The prompt gate's read-out refitted over the latents the monitor encodes anyway (the union of every
+    # read-out of both gates, overall, per category and the reference rule): an L2 logistic (inverse
+    # strength ``prompt_refit_c``) on each sample's standardised mean latents, every sample weighing the same,
+    # served through each (window, min_count) here. It replaces the window-max read-out only where it recalls
+    # more at the budget on the calibration split. Empty = off.
+    prompt_refit_grid: tuple[tuple[int, int], ...] = ((256, 8), (128, 16))
+    prompt_refit_c: float = 0.03
     response_head_grid: tuple[tuple[int, int, float, int], ...] = (
         (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128), (32, 8, 1e-3, 256))
     budget_prompt: float = 0.02      # share of benign prompts the prompt gate may refuse (calibration split)
@@ -101,7 +115,8 @@ SMOKE = BuildConfig(
     sae=SAEConfig(layers=(1, 2), width=128, k=8, token_passes=12_000, batch=256, warmup_steps=2, dead_tokens=2_000,
                   eval_every=10, heldout_tokens=2_000),
     head=HeadConfig(window=4, min_count=2, max_latents=8, candidates=64, steps=20, refit_steps=10, max_density=0.5, min_samples=1),
-    prompt_head_grid=((4, 2, 3e-3, 8),), response_head_grid=((4, 2, 3e-3, 8),), max_tokens=256, category_latents=4,
+    prompt_head_grid=((4, 2, 3e-3, 8),), response_head_grid=((4, 2, 3e-3, 8),), prompt_refit_grid=((4, 2),),
+    max_tokens=256, category_latents=4,
     min_category_samples=2, probe_layers=(0,),
     sae_heldout_tokens=4_000, dtype="float32")
 PRESETS = {"cpu": CPU, "smoke": SMOKE}
@@ -262,9 +277,56 @@ def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_c
                             head=best.spec.overall)
         fits[gate] = best
         ref = reference_gate(td_sel[gate], sel[gate], td_cal[gate], cal[gate], budget, cfg.head.max_density)
-        report[gate] = {"chosen": best.calib, "variants": tried, "reference_rule": ref.calib}
+        report[gate] = {"chosen": best.calib, "variants": tried, "reference_rule": ref.calib, "chosen_head": asdict(best_hc)}
         fits[f"reference/{gate}"] = ref
+    if grid and cfg.prompt_refit_grid:
+        fits["prompt"] = refit_prompt_gate(fits, td_sel["prompt"], sel["prompt"], td_cal["prompt"], cal["prompt"], cfg,
+                                           report["prompt"])
     return fits, report
+
+
+def monitor_latents(fits: dict[str, GateFit]) -> np.ndarray:
+    """Every latent some read-out of the monitor reads (overall, per category, reference rule; both gates):
+    the columns the served encoder computes whatever the prompt gate's read-out is."""
+    ids: set[int] = set()
+    for f in fits.values():
+        ids.update(f.spec.overall.ids)
+        for h in f.spec.categories.values():
+            ids.update(h.ids)
+    return np.array(sorted(ids), dtype=np.int64)
+
+
+def refit_prompt_gate(fits: dict[str, GateFit], td_sel: TokenData, sel: list[Sample], td_cal: TokenData,
+                      cal: list[Sample], cfg: BuildConfig, report: dict[str, Any]) -> GateFit:
+    """The sample-mean read-out over :func:`monitor_latents`, for each window of ``cfg.prompt_refit_grid``;
+    the window-max gate in ``fits["prompt"]`` stays unless a variant recalls more at the budget on the
+    calibration split (then average precision). The chosen variant gets window-max category read-outs under
+    its own pooling (they only name a cut)."""
+    cand = monitor_latents(fits)
+    y = labels(sel)
+    best, best_hc, best_head = fits["prompt"], None, None
+    chosen = HeadConfig(**report["chosen_head"])
+    for window, min_count in cfg.prompt_refit_grid:
+        hc = replace(chosen, fit="sample_mean", window=int(window), min_count=int(min_count), c_reg=cfg.prompt_refit_c,
+                     max_latents=len(cand))
+        head = fit_sample_mean_head(td_sel, y, cand, hc)
+        f = fit_gate("prompt", td_sel, sel, td_cal, cal, hc, cfg.budget_prompt, cfg, categories=False, head=head)
+        report["variants"].append({"window": hc.window, "min_count": hc.min_count, "c_reg": hc.c_reg,
+                                   "fit": "sample_mean over the monitor's latents", "recall": f.calib["recall"],
+                                   "family_flagged": f.calib["family_flagged"],
+                                   "per_family_rule": f.calib["per_family_rule"],
+                                   "average_precision": f.calib["average_precision"], "n_latents": len(head.ids)})
+        if (f.calib["recall"], f.calib["average_precision"]) > (best.calib["recall"], best.calib["average_precision"]):
+            best, best_hc, best_head = f, hc, head
+    report["refit"] = {"candidates": int(len(cand)), "replaced_window_max": best_head is not None}
+    if best_head is None or best_hc is None:
+        return fits["prompt"]
+    best = fit_gate("prompt", td_sel, sel, td_cal, cal, replace(best_hc, fit=chosen.fit, max_latents=chosen.max_latents),
+                    cfg.budget_prompt, cfg, head=best_head)
+    best.spec.calibration["head"] = asdict(best_hc)
+    report["chosen"] = best.calib
+    report["chosen_head"] = asdict(best_hc)
+    return best
 
 
 # ------------------------------------------------------------------------------------------------
@@ -613,7 +675,8 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
 
     # 6. layer choice: the default read-out on each layer, compared on the calibration split
     prog.start("layer_choice")
-    fit_key = _hash([sae_key, asdict(cfg.head), cfg.prompt_head_grid, cfg.prompt_head_fit, cfg.response_head_grid,
+    fit_key = _hash([sae_key, asdict(cfg.head), cfg.prompt_head_grid, cfg.prompt_head_fit, cfg.prompt_refit_grid,
+                     cfg.prompt_refit_c, cfg.response_head_grid,
                      cfg.budget_prompt, cfg.budget_response,
                      cfg.category_latents, cfg.min_category_samples, data_info["select"]["sha256"],
                      data_info["calib"]["sha256"]])

@@ -254,6 +254,14 @@ def sample_means(td: TokenData, columns: np.ndarray) -> np.ndarray:
     return out.reshape(td.n_samples, len(columns)) / np.maximum(lens, 1)[:, None]
 
 
+def fit_sample_mean_head(td: TokenData, y: np.ndarray, columns: np.ndarray, cfg: HeadConfig,
+                         category: str = "all") -> Head:
+    """The sample-mean read-out over exactly ``columns`` (no candidate ranking; the ``cfg.max_latents``
+    largest standardised weights are kept)."""
+    return _fit_sample_mean(td, np.asarray(y).astype(int), np.asarray(columns, dtype=np.int64), cfg, category,
+                            cfg.max_latents, time.time())
+
+
 def _fit_sample_mean(td: TokenData, y: np.ndarray, cand: np.ndarray, cfg: HeadConfig, category: str,
                      k: int, t0: float) -> Head:
     from sklearn.linear_model import LogisticRegression

@@ -383,3 +383,44 @@ def test_batchtopk_threshold_gives_l0_near_k():
         sae.threshold.fill_(thr)
         l0 = float((sae.encode(x) > 0).sum(-1).float().mean())
     assert 3.0 < l0 < 5.0
+
+
+def test_prompt_refit_reads_only_the_monitors_latents_and_replaces_a_weaker_gate():
+    from dataclasses import asdict, replace
+
+    from guard.recipe.pipeline import SMOKE, fit_gate, monitor_latents, refit_prompt_gate
+    from guard.recipe.sources import Sample
+
+    td, y = _planted(n=240)
+    samples = [Sample.single(f"request {i}", None, int(lab), "violence" if lab else None,
+                             "advbench" if lab else "templates/everyday") for i, lab in enumerate(y)]
+    sel, cal = [i for i in range(240) if i % 4 < 2], [i for i in range(240) if i % 4 >= 2]
+    td_sel, td_cal = td.subset(sel), td.subset(cal)
+    s_sel, s_cal = [samples[i] for i in sel], [samples[i] for i in cal]
+    hc = HeadConfig(window=4, min_count=2, max_latents=4, threads=1)
+    cfg = replace(SMOKE, prompt_refit_grid=((4, 2), (8, 2)), prompt_refit_c=1.0, budget_prompt=0.05)
+
+    def gate_reading(ids, weights):
+        head = Head(ids=ids, weights=weights, bias=0.0)
+        return fit_gate("prompt", td_sel, s_sel, td_cal, s_cal, hc, cfg.budget_prompt, cfg, categories=False, head=head)
+
+    # the window-max prompt read-out reads only noise latents; the planted latent 3 is read by another read-out
+    weak = gate_reading([0, 1], [1.0, 1.0])
+    fits = {"prompt": weak, "response": gate_reading([3, 7], [0.0, 1.0])}
+    assert monitor_latents(fits).tolist() == [0, 1, 3, 7]
+    report = {"chosen": weak.calib, "variants": [], "chosen_head": asdict(hc)}
+    new = refit_prompt_gate(fits, td_sel, s_sel, td_cal, s_cal, cfg, report)
+    assert set(new.spec.overall.ids) <= {0, 1, 3, 7}
+    w = dict(zip(new.spec.overall.ids, new.spec.overall.weights, strict=True))
+    assert w[3] > 0 and new.spec.overall.info["rule"].startswith("sample-mean")
+    assert new.calib["recall"] > weak.calib["recall"] and report["refit"]["replaced_window_max"]
+    assert len([v for v in report["variants"] if v["fit"].startswith("sample_mean")]) == 2
+    assert new.spec.calibration["head"]["fit"] == "sample_mean"
+    assert new.spec.categories                  # the chosen variant names its cuts
+
+    # a gate the refit cannot beat on calibration recall is kept as it was
+    strong = gate_reading([3], [1.0])
+    fits = {"prompt": strong, "response": gate_reading([0, 7], [1.0, 1.0])}
+    report = {"chosen": strong.calib, "variants": [], "chosen_head": asdict(hc)}
+    assert refit_prompt_gate(fits, td_sel, s_sel, td_cal, s_cal, cfg, report) is strong
+    assert not report["refit"]["replaced_window_max"]

@@ -47,7 +47,14 @@ def test_build_outputs(built):
     heads = json.loads((art / "monitors/lora/heads.json").read_text())
     for g in ("prompt", "response"):
         h = heads[g]
-        assert 0 < len(h["overall"]["ids"]) <= 8 and h["pooling"]["window"] == 4
+        rep = prov["monitors"]["lora"][g]
+        if rep.get("refit", {}).get("replaced_window_max"):
+            # the prompt read-out refitted over the latents the window-max read-outs chose, no more
+            assert g == "prompt" and h["overall"]["info"]["rule"].startswith("sample-mean")
+            assert 0 < len(h["overall"]["ids"]) <= rep["refit"]["candidates"] and h["pooling"]["window"] == 4
+        else:
+            assert 0 < len(h["overall"]["ids"]) <= 8 and h["pooling"]["window"] == 4
+        assert g == "response" or "refit" in rep
         assert h["calibration"]["calib"]["budget"] == 0.02
         assert h["calibration"]["calib"]["flagged_benign_traffic"] <= 0.02 + 1e-9
         assert heads["reference"][g]["overall"]["ids"]
