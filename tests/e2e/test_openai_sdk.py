@@ -100,11 +100,22 @@ def test_completions_echo_logprobs_for_lm_eval(server: str, model_id: str) -> No
 
 
 def test_seeded_sampling_is_reproducible(server: str, model_id: str) -> None:
+    # The served default computes in bf16 where the CPU has it natively, and there a sampled token can depend on
+    # which requests share an engine step; the n choices of one request reach the engine one by one and may or
+    # may not share their first step. So a seed is checked here on a request that runs alone, after one that
+    # leaves the prefix cache as the repeats find it; batch-independent seeds (n > 1, concurrent requests) are
+    # checked on an fp32 engine (tests/inference/test_seeded_sampling.py).
     client = openai.OpenAI(base_url=server + "/v1", api_key="x")
-    a = client.chat.completions.create(model=model_id, messages=USER, max_tokens=12, temperature=1.0, seed=7, n=2)
-    b = client.chat.completions.create(model=model_id, messages=USER, max_tokens=12, temperature=1.0, seed=7, n=2)
-    assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
-    assert len(a.choices) == 2
+
+    def sample(seed: int) -> str | None:
+        r = client.chat.completions.create(model=model_id, messages=USER, max_tokens=12, temperature=1.0, seed=seed)
+        return r.choices[0].message.content
+
+    sample(7)
+    runs = [sample(7) for _ in range(3)]
+    assert runs[0] and runs.count(runs[0]) == 3
+    two = client.chat.completions.create(model=model_id, messages=USER, max_tokens=12, temperature=1.0, seed=7, n=2)
+    assert len(two.choices) == 2 and all(c.message.content for c in two.choices)
 
 
 async def test_seeded_requests_beyond_one_step_budget_keep_the_engine_alive(server: str, model_id: str) -> None:
