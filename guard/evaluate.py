@@ -27,7 +27,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -445,7 +445,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
     from guard.recipe.encode import encode_cached
     from guard.recipe.pipeline import PRESETS, default_work_dir, fit_gate, is_benign_traffic, reference_gate
     from guard.recipe.safeguard import verdict_scores
-    from guard.recipe.selection import HeadConfig
+    from guard.recipe.selection import HeadConfig, fit_sample_mean_head
     from guard.sae import load_sae
 
     torch.set_num_threads(threads)
@@ -494,13 +494,27 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
     spec = MonitorSpec.load(art / "monitors" / "lora", "lora")
     cfg = PRESETS[preset]
 
+    # the latents of the served response gate (overall, per category, reference rule), for a prompt read-out
+    # that the build refitted over the monitor's latents
+    response_latents = {i for h in [spec.gates["response"].overall, spec.reference["response"].overall,
+                                    *spec.gates["response"].categories.values()] for i in h.ids}
+
     def fit_readout(gate: str, td_sel: Any, s_sel: list[Sample], td_cal: Any, s_cal: list[Sample]) -> tuple[Any, Any, Any]:
-        head_info = dict(spec.gates[gate].calibration.get("head", {}))
+        calib = spec.gates[gate].calibration
+        head_info = dict(calib.get("head", {}))
         hc = HeadConfig(**head_info) if head_info else cfg.head
         budget = cfg.budget_prompt if gate == "prompt" else cfg.budget_response
-        f = fit_gate(gate, td_sel, s_sel, td_cal, s_cal, hc, budget, cfg, categories=False)
+        refit = calib.get("refit_over") == "monitor_latents"
+        f = fit_gate(gate, td_sel, s_sel, td_cal, s_cal, HeadConfig(**calib["window_max_head"]) if refit else hc, budget,
+                     cfg, categories=False)
         ref = reference_gate(td_sel, s_sel, td_cal, s_cal, budget, hc.max_density)
-        return f.spec.overall, f.spec.pooling, ref.spec.overall
+        if not refit:
+            return f.spec.overall, f.spec.pooling, ref.spec.overall
+        # as the build: the sample-mean read-out over the latents of this fit's window-max and reference read-outs
+        # and of the response gate (served as built: refitting it per fold would cost minutes each)
+        cols = np.array(sorted(set(f.spec.overall.ids) | set(ref.spec.overall.ids) | response_latents), dtype=np.int64)
+        head = fit_sample_mean_head(td_sel, np.array([s.label for s in s_sel]), cols, replace(hc, max_latents=len(cols)))
+        return head, hc.pooling(), ref.spec.overall
 
     memo: dict[str, float] = {}
     max_len = int(prov["config"]["safeguard"]["max_len"])
@@ -555,7 +569,8 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
         rep["dilution"] = dilution_numbers(refused)
     rep["leave_one_source_out"] = {
         "note": "read-outs, probes and thresholds refitted without the family; the SAE and the safeguard LoRA "
-                "were not retrained (the LoRA saw the family's select samples)",
+                "were not retrained (the LoRA saw the family's select samples); a prompt read-out refitted over the "
+                "monitor's latents also reads the served response gate's latents, chosen with the family in",
         "results": LD.loso(inp, served, families=loso_families)}
     rep["seconds"] = time.time() - t0
     LD.write_report(outp / "ladder.json", rep)

@@ -324,6 +324,8 @@ def refit_prompt_gate(fits: dict[str, GateFit], td_sel: TokenData, sel: list[Sam
     best = fit_gate("prompt", td_sel, sel, td_cal, cal, replace(best_hc, fit=chosen.fit, max_latents=chosen.max_latents),
                     cfg.budget_prompt, cfg, head=best_head)
     best.spec.calibration["head"] = asdict(best_hc)
+    best.spec.calibration["window_max_head"] = dict(report["chosen_head"])
+    best.spec.calibration["refit_over"] = "monitor_latents"
     report["chosen"] = best.calib
     report["chosen_head"] = asdict(best_hc)
     return best
