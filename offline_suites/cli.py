@@ -79,7 +79,7 @@ def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from offline_suites.base import RunContext, build_config
-    from offline_suites.config import SuitesEnv
+    from offline_suites.config import SuitesEnv, suite_engine_settings
     from offline_suites.llm import BackgroundEngine, build_openai_client
     from offline_suites.registry import get_suite
 
@@ -95,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
             return build_openai_client(env.suites)
         from inference.vllm_engine import VLLMEngineClient
 
-        holder["bg"] = BackgroundEngine(lambda: VLLMEngineClient.from_settings(env.inference))
+        holder["bg"] = BackgroundEngine(lambda: VLLMEngineClient.from_settings(suite_engine_settings(env.inference, env.suites)))
         return holder["bg"].client()
 
     bar = _progress_bar(suite.name)
@@ -162,11 +162,12 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _worker_main(burst: bool) -> None:
-    from offline_suites.config import SuitesEnv
+    from offline_suites.config import SuitesEnv, suite_engine_settings
     from offline_suites.worker import main_worker
 
     env = SuitesEnv()
-    main_worker(env.suites, env.redis.url, inference_settings=env.inference, burst=burst)
+    main_worker(env.suites, env.redis.url, inference_settings=suite_engine_settings(env.inference, env.suites),
+                burst=burst)
 
 
 def _worker(args: argparse.Namespace) -> int:

@@ -51,6 +51,10 @@ class SuiteSettings(BaseModel):
     tenant_max_file_bytes: int = Field(1 << 30, ge=1, description="total bytes of one tenant's uploads; over it -> 429")
     tenant_max_queued_jobs: int = Field(
         16, ge=1, description="suite runs and batches one tenant may have queued or running; over it -> 429")
+    engine_dtype: Literal["inherit", "float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype of the in-process engine of a worker or CLI run ('inherit': inference.dtype). "
+                               "fp32 by default: a suite's verdict is read from its seeds, and with bf16 CPU kernels "
+                               "a sampled token depends on which requests share an engine step")
 
     @model_validator(mode="after")
     def _check(self) -> SuiteSettings:
@@ -74,3 +78,11 @@ class SuitesEnv(BaseSettings):
     redis: _RedisURL = Field(default_factory=_RedisURL)
     suites: SuiteSettings = Field(default_factory=SuiteSettings)
     inference: InferenceSettings = Field(default_factory=InferenceSettings)
+
+
+def suite_engine_settings(inference: InferenceSettings, suites: SuiteSettings) -> InferenceSettings:
+    """The engine settings of a suite worker's (or CLI run's) in-process engine: ``inference`` with the
+    suites' dtype."""
+    if suites.engine_dtype == "inherit":
+        return inference
+    return inference.model_copy(update={"dtype": suites.engine_dtype})

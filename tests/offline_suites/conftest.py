@@ -27,12 +27,12 @@ def suite_llm() -> Iterator[Any]:
     else:
         from inference.config import InferenceSettings
         from inference.vllm_engine import VLLMEngineClient
+        from offline_suites.config import suite_engine_settings
 
-        # fp32: with bf16 CPU kernels (native on AVX512-BF16/AMX machines) a sampled token can depend on which
-        # requests share a decode step, so two runs of a suite with one seed could differ; the contract checks
-        # that a suite is deterministic given a deterministic engine
-        bg = BackgroundEngine(lambda: VLLMEngineClient.from_settings(
-            InferenceSettings(multiprocessing=False, max_model_len=1024, seed=0, dtype="float32")))
+        # the engine a suite worker builds: its default dtype is fp32, where a seed fixes a suite's samples
+        # whatever shares the engine's steps (the contract test runs every suite twice with one seed)
+        inf = suite_engine_settings(InferenceSettings(multiprocessing=False, max_model_len=1024, seed=0), SuiteSettings())
+        bg = BackgroundEngine(lambda: VLLMEngineClient.from_settings(inf))
     try:
         client = bg.client()
         # warm the engine's chat and prompt-logprob paths so no suite's time budget pays for it

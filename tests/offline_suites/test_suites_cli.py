@@ -32,3 +32,17 @@ def test_cli_list_and_run_prints_result_json_last(tmp_path: Path) -> None:
 def test_cli_unknown_suite_fails_loudly(tmp_path: Path) -> None:
     r = _nextguard("suites", "run", "cmg", home=tmp_path)
     assert r.returncode != 0 and "Did you mean: cgm?" in r.stderr
+
+
+def test_suite_engine_computes_in_fp32_unless_told_otherwise(monkeypatch) -> None:
+    from inference.config import InferenceSettings
+    from offline_suites.config import SuitesEnv, SuiteSettings, suite_engine_settings
+
+    inf = InferenceSettings(dtype="auto", max_model_len=512)
+    assert suite_engine_settings(inf, SuiteSettings()).dtype == "float32"
+    assert suite_engine_settings(inf, SuiteSettings()).max_model_len == 512        # the rest is the engine's
+    assert suite_engine_settings(inf, SuiteSettings(engine_dtype="inherit")).dtype == "auto"
+    monkeypatch.setenv("NEXTGUARD_INFERENCE__DTYPE", "bfloat16")
+    monkeypatch.setenv("NEXTGUARD_SUITES__ENGINE_DTYPE", "inherit")
+    env = SuitesEnv()
+    assert suite_engine_settings(env.inference, env.suites).dtype == "bfloat16"
