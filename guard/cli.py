@@ -100,12 +100,12 @@ def _eval(args: argparse.Namespace) -> int:
     from guard.evaluate import run_eval
 
     report = run_eval(args.artifacts, args.out, base_model=args.base_model, monitored=args.monitored,
-                      limit=args.limit)
+                      limit=args.limit, posthoc=not args.no_posthoc)
     if args.ladder:
         from guard.evaluate import run_ladder_eval
 
         lad = run_ladder_eval(args.artifacts, args.out, work_dir=args.work_dir, base_model=args.base_model,
-                              layers=args.layers)
+                              layers=args.layers, posthoc=not args.no_posthoc)
         report["ladder"] = lad
     for ext in EVAL_EXTENSIONS:
         report.update(ext(args, report))
@@ -169,6 +169,8 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     e.add_argument("--layers", type=int, nargs="*", default=None, help="candidate layers for the ladder (default all)")
     e.add_argument("--no-gateway", action="store_true", help="skip the everyday streams through a real gateway")
     e.add_argument("--everyday-max-tokens", type=int, default=512, help="answer length of the everyday streams")
+    e.add_argument("--no-posthoc", action="store_true",
+                   help="leave out the safeguard's own post-hoc verdict (it reads the LoRA alone, not the monitor)")
     e.set_defaults(func=_eval)
     if bench_subparsers is not None:
         bg = bench_subparsers.add_parser("guard", help="monitor cost per token and guarded streaming throughput")

@@ -266,7 +266,7 @@ def profanity_baseline(test: Sequence[Sample], calib: Sequence[Sample], budgets:
 
 def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = None,
              monitored: Sequence[str] | None = None, limit: int | None = None, posthoc_stream_n: int = 40,
-             threads: int = 2, posthoc_n: int | None = 300) -> dict[str, Any]:
+             threads: int = 2, posthoc_n: int | None = 300, posthoc: bool = True) -> dict[str, Any]:
     import torch
 
     from guard.recipe.pipeline import is_benign_traffic
@@ -322,7 +322,7 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
             lora_model, lora_tok = model, tok
         else:
             del model
-    if lora_model is not None:
+    if lora_model is not None and posthoc:
         t = time.time()
         # the verdict runs the whole network over the whole text: a stratified sample keeps it to minutes
         ph_test, ph_cal = _stratified(test, posthoc_n, 1), _stratified(calib, posthoc_n, 2)
