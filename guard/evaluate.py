@@ -290,9 +290,14 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
         calib = [calib[i] for i in sorted(rng.choice(len(calib), min(len(calib), 4 * limit), replace=False))]
     everyday = [Sample(user(t), None, 0, None, "eval/everyday", "eval") for t in load_eval_prompts("everyday")]
     sensitive = [Sample(user(t), None, 0, None, "eval/sensitive", "eval") for t in load_eval_prompts("sensitive")]
+    fresh_sets = {k: v for k, v in extra_prompt_sets().items() if k.startswith("fresh_")}
+    fresh = [s for ss in fresh_sets.values() for s in ss]
+    dilution_list = [(f, conv) for s in fresh_sets.get("fresh_harmful", []) for f, conv in dilution_forms(s.conv[0][1]).items()]
+    dilution = [Sample(conv, None, 1, None, f"eval/dilution/{f}", "eval") for f, conv in dilution_list]
     budgets = {"prompt": prov["config"]["budget_prompt"], "response": prov["config"]["budget_response"]}
     rep: dict[str, Any] = {"artifacts": str(art), "layer": man["layer"], "budgets": budgets,
-                           "n": {"test": len(test), "everyday_prompts": len(everyday), "sensitive_prompts": len(sensitive)},
+                           "n": {"test": len(test), "everyday_prompts": len(everyday), "sensitive_prompts": len(sensitive),
+                                 **{k: len(v) for k, v in fresh_sets.items()}, "dilution_forms": len(dilution)},
                            "test_split_sha256": hashlib.sha256(json.dumps([s.to_json() for s in test]).encode()).hexdigest(),
                            "monitors": {}, "baselines": {}}
     traces: dict[str, list[dict[str, Any]]] = {}
@@ -308,11 +313,27 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
         if spec.reference:
             ref_gates = {g: spec.reference_scorer(g) for g in ("prompt", "response")}
             r["reference_rule"] = gate_metrics(test, score_rows(rows, test, spec, ref_gates))
-        extra = everyday + sensitive
+        extra = everyday + sensitive + fresh + dilution
         ex = score_rows(residual_rows(model, tok, layer, extra), extra, spec, chosen)
-        r["everyday_prompts_flagged"] = float(np.mean([x.cut is not None for x in ex[: len(everyday)]]))
-        r["sensitive_prompts_flagged"] = float(np.mean([x.cut is not None for x in ex[len(everyday):]]))
-        r["everyday_prompts_flagged_examples"] = [s.prompt for s, x in zip(extra, ex, strict=True) if x.cut is not None][:20]
+        cut = [x.cut is not None for x in ex]
+        r["everyday_prompts_flagged"] = float(np.mean(cut[: len(everyday)]))
+        r["sensitive_prompts_flagged"] = float(np.mean(cut[len(everyday): len(everyday) + len(sensitive)]))
+        r["everyday_prompts_flagged_examples"] = [s.prompt for s, c in zip(everyday, cut, strict=False) if c][:20]
+        # the freshly written sets and the dilution forms, served exactly as a request would be
+        k = len(everyday) + len(sensitive)
+        shares = {"everyday": r["everyday_prompts_flagged"]}
+        for set_name, ss in fresh_sets.items():
+            shares[set_name] = float(np.mean(cut[k: k + len(ss)]))
+            k += len(ss)
+        if fresh_sets:
+            from guard.ladder import fresh_prompt_numbers
+
+            r["fresh"] = fresh_prompt_numbers(shares)
+        refused: dict[str, list[bool]] = {}
+        for (form, _), c in zip(dilution_list, cut[k:], strict=True):
+            refused.setdefault(form, []).append(c)
+        if refused:
+            r["dilution"] = dilution_numbers(refused)
         traces[name] = [{"c": x.c.tolist(), "thr": chosen["response"].threshold, "onset": x.onset_token}
                         for s, x in zip(test, sc, strict=True) if s.onset is not None][:6]
         r["seconds"] = time.time() - t
@@ -356,7 +377,9 @@ def _headline(r: dict[str, Any]) -> dict[str, Any]:
     return {"prompt_balanced_accuracy": t["prompt"]["balanced_accuracy"], "sensitive_refused": t["prompt"]["sensitive_flagged"],
             "response_f1": t["response"]["f1"], "benign_answers_cut": t["response"]["benign_answers_cut"],
             "drift_cut": t.get("drift", {}).get("cut_rate"), "drift_early_share": t.get("drift", {}).get("early_share_of_cuts"),
-            "everyday_prompts_flagged": r["everyday_prompts_flagged"], "sensitive_prompts_flagged": r["sensitive_prompts_flagged"]}
+            "everyday_prompts_flagged": r["everyday_prompts_flagged"], "sensitive_prompts_flagged": r["sensitive_prompts_flagged"],
+            **({"fresh": r["fresh"]} if "fresh" in r else {}),
+            **({"dilution_relative_to_plain": r["dilution"]["relative_to_plain"]} if "dilution" in r else {})}
 
 
 def _plots(out: Path, traces: dict[str, list[dict[str, Any]]]) -> None:

@@ -75,6 +75,13 @@ def test_eval_and_bench_run(built, tmp_path):
         assert dr["cut_before_onset"] + dr["cut_in_unsafe_part"] == pytest.approx(dr["cut_rate"])
         assert "reference_rule" in rep["monitors"][name]
         assert 0.0 <= rep["monitors"][name]["everyday_prompts_flagged"] <= 1.0
+        # the freshly written sets and every dilution form of each fresh harmful request, through the served gate
+        fr = rep["monitors"][name]["fresh"]
+        assert {"harmful_refused", "edgy_benign_refused", "balanced_accuracy_vs_edgy"} <= set(fr)
+        assert fr["balanced_accuracy_vs_edgy"] == pytest.approx(0.5 * (fr["harmful_refused"] + 1 - fr["edgy_benign_refused"]))
+        dil = rep["monitors"][name]["dilution"]
+        assert set(dil["refused"]) == {"plain", "tool_message", "assistant_prefill", "split_turns", "filler"}
+        assert dil["n"] == rep["n"]["fresh_harmful"] and rep["n"]["dilution_forms"] == 5 * dil["n"]
     assert "whole_text" in rep["baselines"]["posthoc_verdict"] and "streaming_every_32" in rep["baselines"]["posthoc_verdict"]
     assert "prompt" in rep["baselines"]["profanity"]
     assert (tmp_path / "ev" / "report.json").is_file()
