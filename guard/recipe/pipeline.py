@@ -63,10 +63,10 @@ class BuildConfig:
     # gate's windows stay short so that a cut lands soon after an unsafe part starts.
     prompt_head_grid: tuple[tuple[int, int, float, int], ...] = (
         (64, 8, 1e-3, 128), (256, 8, 1e-3, 256), (2048, 16, 1e-3, 256), (2048, 64, 1e-3, 256))
-    # how the prompt gate's read-out is fitted (selection.FITS). "sample_mean" (an L2 logistic on per-sample
-    # mean latents) beat the window-max fit over a fixed set of latents, but in a full build, where it also
-    # chooses the latents, it lost on the test split (balanced accuracy 0.74 vs 0.76); the response gate
-    # always keeps the window-max fit, whose cut lands where the unsafe part starts
+    # how the prompt gate's first read-out is fitted (selection.FITS). "sample_mean" (an L2 logistic on
+    # per-sample mean latents) choosing its own latents lost on the test split in a full build (balanced
+    # accuracy 0.74 vs 0.76), so latents are chosen by the window-max fit and the refit below reweights them;
+    # the response gate always keeps the window-max fit, whose cut lands where the unsafe part starts
     prompt_head_fit: str = "window_max"
     # The prompt gate's read-out refitted over the latents the monitor encodes anyway (the union of every
     # read-out of both gates, overall, per category and the reference rule): an L2 logistic (inverse

@@ -17,8 +17,10 @@ L2 logistic regression on the sample labels (every sample weighs the same); the 
 standardised weights are kept and refitted. It is served through the same causal window as any read-out.
 Measured over a fixed set of latents, it generalised better to requests the fit never saw than the
 window-max fit, which with group-balanced weights gives a source of a handful of samples the weight of a
-large one and fits the window's spikes; in a full build, choosing its own latents, it lost on the test
-split, so the window-max fit stays the default for both gates.
+large one and fits the window's spikes; in a full build, choosing its own latents (top candidates by
+difference), it lost on the test split. What the build does instead is refit the prompt gate this way over the
+latents the window-max read-outs of both gates chose (:func:`fit_sample_mean_head`;
+``guard.recipe.pipeline.refit_prompt_gate``), keeping it only where it recalls more on the calibration split.
 
 Label-free pre-filter: latents that fire on more than ``max_density`` of the tokens of the served model's
 benign answers are excluded before fitting (they say more about "an answer is being written" than about
