@@ -72,8 +72,10 @@ class BuildConfig:
     # read-out of both gates, overall, per category and the reference rule): an L2 logistic (inverse
     # strength ``prompt_refit_c``) on each sample's standardised mean latents, every sample weighing the same,
     # served through each (window, min_count) here. It replaces the window-max read-out only where it recalls
-    # more at the budget on the calibration split. Empty = off.
-    prompt_refit_grid: tuple[tuple[int, int], ...] = ((256, 8), (128, 16))
+    # more at the budget on the calibration split. Empty = off, the default: built in full it raised test
+    # balanced accuracy 0.76 -> 0.81, but its unclipped features let a long repetitive benign prompt cross the
+    # threshold; ((256, 8), (128, 16)) is the grid that build used.
+    prompt_refit_grid: tuple[tuple[int, int], ...] = ()
     prompt_refit_c: float = 0.03
     response_head_grid: tuple[tuple[int, int, float, int], ...] = (
         (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128), (32, 8, 1e-3, 256))

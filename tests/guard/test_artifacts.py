@@ -52,8 +52,22 @@ def test_monitor_is_sparse_and_calibrated_under_the_budget(name: str) -> None:
         hc = g.calibration["head"]
         grid = cfg.get(f"{gate}_head_grid") or [[cfg["head"]["window"], cfg["head"]["min_count"], cfg["head"]["l1"],
                                                  cfg["head"]["max_latents"]]]
-        assert [hc["window"], hc["min_count"], hc["l1"], hc["max_latents"]] in [list(v) for v in grid]
-        assert 0 < len(g.overall.ids) <= hc["max_latents"] <= cfg["sae"]["width"] // 10
+        if g.calibration.get("refit_over") == "monitor_latents":
+            # the prompt read-out refitted over the latents the window-max read-outs chose: its window is one of
+            # the refit grid, and the window-max variant it replaced is one of the gate's grid
+            wm = g.calibration["window_max_head"]
+            assert gate == "prompt" and g.overall.info["rule"].startswith("sample-mean")
+            assert [hc["window"], hc["min_count"]] in [list(v) for v in cfg["prompt_refit_grid"]]
+            assert [wm["window"], wm["min_count"], wm["l1"], wm["max_latents"]] in [list(v) for v in grid]
+            # no more latents than the window-max read-outs of both gates (overall, categories, the paper's 32)
+            # can have chosen together, and exactly the number the build refitted over
+            refit = json.loads((ART / "monitors" / name / "build.json").read_text())["report"]["prompt"]["refit"]
+            chosen_by = (max(v[3] for v in cfg["prompt_head_grid"]) + max(v[3] for v in cfg["response_head_grid"])
+                         + cfg["category_latents"] * sum(len(spec.gates[x].categories) for x in spec.gates) + 2 * 32)
+            assert 0 < len(g.overall.ids) <= hc["max_latents"] == refit["candidates"] <= chosen_by
+        else:
+            assert [hc["window"], hc["min_count"], hc["l1"], hc["max_latents"]] in [list(v) for v in grid]
+            assert 0 < len(g.overall.ids) <= hc["max_latents"] <= cfg["sae"]["width"] // 10
         assert set(g.all_ids()) <= set(spec.encoder.ids)
         assert np.isfinite(g.threshold)
         # the default threshold is the one the budget buys on the calibration split's benign traffic
