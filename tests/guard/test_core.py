@@ -424,3 +424,68 @@ def test_prompt_refit_reads_only_the_monitors_latents_and_replaces_a_weaker_gate
     report = {"chosen": strong.calib, "variants": [], "chosen_head": asdict(hc)}
     assert refit_prompt_gate(fits, td_sel, s_sel, td_cal, s_cal, cfg, report) is strong
     assert not report["refit"]["replaced_window_max"]
+
+
+def test_structured_negatives_join_the_prompt_fit_and_its_calibration_traffic():
+    """A latent that marks unsafe requests in the select split but fires all over pasted lists (which the
+    split lacks) is what a read-out fitted without those lists leans on; fitted with them, it leans on the
+    latent that is specific to unsafe requests, and the lists are benign traffic of the calibration."""
+    from dataclasses import replace
+
+    from guard.recipe.pipeline import SMOKE, ExtraNegatives, fit_monitor
+    from guard.recipe.selection import head_sample_scores
+    from guard.recipe.sources import Sample
+    from guard.recipe.structured import SOURCE
+
+    rng = np.random.default_rng(3)
+
+    def make(n, kind):
+        out = []
+        for _ in range(n):
+            T = int(rng.integers(10, 60)) if kind != "list" else int(rng.integers(80, 160))
+            a = np.zeros((T, 24), dtype=np.float32)
+            noise = rng.random((T, 24)) < 0.03
+            a[noise] = rng.exponential(1.0, noise.sum())
+            if kind == "unsafe":
+                at = int(rng.integers(0, T - 6))
+                a[at:at + 6, 11] = 3.0          # strong, but also what a list looks like
+                a[at + 2:at + 4, 3] = 1.5       # weaker, specific to unsafe requests
+            elif kind == "list":
+                a[rng.random(T) < 0.5, 11] = 3.0
+            out.append(a)
+        return out
+
+    def split(n):
+        unsafe, safe = make(n, "unsafe"), make(n, "safe")
+        td = _token_data(unsafe + safe, 24)
+        s = [Sample.single(f"u{i}", None, 1, "violence", "advbench") for i in range(n)] + \
+            [Sample.single(f"s{i}", None, 0, None, "templates/everyday") for i in range(n)]
+        return td, s
+
+    td_sel, s_sel = split(80)
+    td_cal, s_cal = split(80)
+    r_sel, r_cal = _token_data(make(40, "list"), 24), _token_data(make(40, "list"), 24)
+    lists = [Sample.single(f"l{i}", None, 0, None, SOURCE) for i in range(40)]
+    resp_td, resp_s = split(20)
+    resp_s = [replace(s, response="answer", source="advbench" if s.label else "generator/benign") for s in resp_s]
+    cfg = replace(SMOKE, budget_prompt=0.05, prompt_refit_grid=(), head=replace(SMOKE.head, steps=250, refit_steps=150))
+
+    def fit(extra):
+        return fit_monitor({"prompt": td_sel, "response": resp_td}, {"prompt": s_sel, "response": resp_s},
+                           {"prompt": td_cal, "response": resp_td}, {"prompt": s_cal, "response": resp_s}, cfg,
+                           grid=True, extra=extra)
+
+    plain, _ = fit(None)
+    g = plain["prompt"].spec
+    assert np.mean(head_sample_scores(r_cal, g.overall, g.pooling) >= g.threshold) > 0.5
+    fits, report = fit(ExtraNegatives(r_sel, lists, r_cal, lists))
+    g = fits["prompt"].spec
+    assert report["structured_negatives"] == {"fit": 40, "calibration": 40}
+    assert fits["prompt"].calib["family_flagged"][SOURCE] == fits["prompt"].calib["structured_flagged"]
+    assert fits["prompt"].calib["recall"] > 0.9
+    # the fit itself moved: the list latent weighs far less against the specific one than without the lists
+    w = dict(zip(g.overall.ids, g.overall.weights, strict=True))
+    pw = dict(zip(plain["prompt"].spec.overall.ids, plain["prompt"].spec.overall.weights, strict=True))
+    assert w.get(11, 0.0) / w[3] < 0.5 * pw.get(11, 0.0) / pw[3]
+    # the lists are benign traffic of the calibration split: the stored benign scores include them
+    assert len(g.benign_scores) == 80 + 40

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from guard.eval_data import EVAL_DATA, SETS, load_eval_prompts
+from guard.eval_data import BLOCK_SETS, EVAL_DATA, SETS, load_eval_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 ART = ROOT / "guard" / "artifacts" / "data.jsonl.gz"
-GENERATORS = (ROOT / "guard" / "recipe" / "prompts.py", ROOT / "guard" / "recipe" / "sources.py")
+GENERATORS = (ROOT / "guard" / "recipe" / "prompts.py", ROOT / "guard" / "recipe" / "sources.py",
+              ROOT / "guard" / "recipe" / "structured.py")
 # Share of a request's word 5-grams found in one reference text above which it counts as a rephrasing.
 # Requests that merely open the same way ("What's the best way to ...") share at most 2 of 3 here.
 MAX_SHARED = 0.7
@@ -209,3 +210,24 @@ def test_loader_rejects_malformed_lines_and_unknown_names(tmp_path: Path) -> Non
             load_eval_prompts(bad)
     with pytest.raises(ValueError, match="known sets"):
         load_eval_prompts("fresh_harmfull")
+
+
+def test_structured_set_holds_multi_line_requests_of_many_families() -> None:
+    rows = load_eval_prompts("structured")
+    assert len(rows) >= 35 and len({c for c, _ in rows}) == len(rows)
+    assert all(re.fullmatch(r"[a-z_0-9]+", c) and t == t.strip() and "\n" in t for c, t in rows), rows
+    assert all(SETS[name] == 0 for name in BLOCK_SETS)
+
+
+def test_block_loader_rejects_malformed_blocks(tmp_path: Path) -> None:
+    d = tmp_path / "a"
+    d.mkdir()
+    good = d / "structured.txt"
+    good.write_text("# comment\n## log\nline one\nline two\n---\n## table\n| a | b |\n")
+    assert load_eval_prompts(good) == [("log", "line one\nline two"), ("table", "| a | b |")]
+    for body, where in (("text first\n## log\nx\n", "before the first"), ("## log\nx\n---\nno header\n", ":4"),
+                        ("## log\n\n---\n## t\ny\n", "structured.txt:1: block .log. has no request")):
+        bad = d / "structured.txt"
+        bad.write_text(body)
+        with pytest.raises(ValueError, match=where):
+            load_eval_prompts(bad)
