@@ -62,19 +62,24 @@ class GateSpec:
     calibration: dict[str, Any] = field(default_factory=dict)
     # the calibration split's benign-traffic scores, so an operator can pick another false-positive budget
     benign_scores: list[float] = field(default_factory=list)
+    # calibration scores of benign traffic held to the same budget on its own (generated structured prompts):
+    # a budget's threshold is the strictest of these and the one over ``benign_scores``
+    own_budget_scores: dict[str, list[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"overall": self.overall.to_dict(), "pooling": {"window": self.pooling.window, "min_count": self.pooling.min_count},
                 "threshold": self.threshold, "categories": {c: h.to_dict() for c, h in self.categories.items()},
                 "category_thresholds": self.category_thresholds, "calibration": self.calibration,
-                "benign_scores": [float(x) for x in self.benign_scores]}
+                "benign_scores": [float(x) for x in self.benign_scores],
+                "own_budget_scores": {k: [float(x) for x in v] for k, v in self.own_budget_scores.items()}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GateSpec:
         return cls(Head.from_dict(d["overall"]), Pooling(**d["pooling"]), float(d["threshold"]),
                    {c: Head.from_dict(h) for c, h in d.get("categories", {}).items()},
                    {c: float(v) for c, v in d.get("category_thresholds", {}).items()}, d.get("calibration", {}),
-                   [float(x) for x in d.get("benign_scores", [])])
+                   [float(x) for x in d.get("benign_scores", [])],
+                   {k: [float(x) for x in v] for k, v in d.get("own_budget_scores", {}).items()})
 
     def threshold_for_budget(self, budget: float) -> float:
         """The lowest threshold that flags at most ``budget`` of the calibration split's benign traffic."""
@@ -82,11 +87,14 @@ class GateSpec:
             raise ValueError("this monitor was built without benign calibration scores; set a threshold instead")
         import numpy as np
 
-        s = np.sort(np.asarray(self.benign_scores, dtype=np.float64))
-        allowed = int(np.floor(budget * len(s) + 1e-9))
-        v = s[len(s) - allowed - 1]
-        above = s[s > v]
-        return float((v + above[0]) / 2.0) if len(above) else float(v + max(1e-6, 1e-6 * abs(v)))
+        def at_budget(scores: list[float]) -> float:
+            s = np.sort(np.asarray(scores, dtype=np.float64))
+            allowed = int(np.floor(budget * len(s) + 1e-9))
+            v = s[len(s) - allowed - 1]
+            above = s[s > v]
+            return float((v + above[0]) / 2.0) if len(above) else float(v + max(1e-6, 1e-6 * abs(v)))
+
+        return max(at_budget(v) for v in [self.benign_scores, *(x for x in self.own_budget_scores.values() if x)])
 
     def all_ids(self) -> list[int]:
         return sorted({j for h in [self.overall, *self.categories.values()] for j in h.ids})

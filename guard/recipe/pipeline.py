@@ -73,10 +73,10 @@ class BuildConfig:
     # read-out of both gates, overall, per category and the reference rule): an L2 logistic (inverse
     # strength ``prompt_refit_c``) on each sample's standardised mean latents, every sample weighing the same,
     # served through each (window, min_count) here. It replaces the window-max read-out only where it recalls
-    # more at the budget on the calibration split. Empty = off, the default: built in full it raised test
-    # balanced accuracy 0.76 -> 0.81, but fitted on short requests alone its mean-latent features let a long
-    # repetitive benign prompt cross the threshold; ((256, 8), (128, 16)) is the grid that build used.
-    prompt_refit_grid: tuple[tuple[int, int], ...] = ()
+    # more at the budget on the calibration split (empty = off). Fitted on short requests alone it raised test
+    # balanced accuracy 0.76 -> 0.81 but let long repetitive benign prompts cross the threshold; against the
+    # structured negatives below as well, it recalled less than the window-max read-out and was not chosen.
+    prompt_refit_grid: tuple[tuple[int, int], ...] = ((256, 8), (128, 16))
     prompt_refit_c: float = 0.03
     # generated benign structured prompts (pasted logs, tables, records, code, lists: guard.recipe.structured)
     # added to the prompt gate's fitting samples and to its calibration traffic: (fit, calibration) counts;
@@ -134,6 +134,10 @@ PRESETS = {"cpu": CPU, "smoke": SMOKE}
 # ------------------------------------------------------------------------------------------------
 # which samples count as what
 
+# how the structured negatives enter a monitor's fit (a change here must refit the monitors of a resumed build)
+STRUCTURED_RULE = "fit negatives; calibration: held to the budget on their own (the stricter threshold wins)"
+
+
 def is_benign_traffic(s: Sample) -> bool:
     """Benign requests and the served model's answers to them: what the budget is spent on."""
     if s.label:
@@ -188,15 +192,18 @@ def fit_gate(gate: str, td_sel: TokenData, sel: list[Sample], td_cal: TokenData,
     pooling = hc.pooling()
     sc = head_sample_scores(td_cal, head, pooling)
     ycal = labels(cal)
-    bt = np.array([is_benign_traffic(s) for s in cal])
-    thr = C.threshold_at_budget(sc[bt], budget)
+    # Generated structured prompts are held to the budget on their own: pooled with the rest, these easy
+    # negatives would loosen the threshold for everything else; apart, the threshold is the stricter of the two
+    st = np.array([s.source.startswith(STRUCTURED_SOURCE) for s in cal], dtype=bool)
+    bt = np.array([is_benign_traffic(s) for s in cal], dtype=bool) & ~st
+    own = {STRUCTURED_SOURCE: sorted(float(x) for x in sc[st])} if st.any() else {}
+    thr = max([C.threshold_at_budget(sc[bt], budget)] + [C.threshold_at_budget(np.array(v), budget) for v in own.values()])
     op = C.operating_point(sc, ycal, thr, bt)
     op["average_precision"] = C.average_precision(sc, ycal)
     op["budget"] = budget
     op.update(family_budget_record(sc, ycal, cal, bt, thr, budget, cfg.min_family_samples))
-    st = np.array([s.source.startswith(STRUCTURED_SOURCE) for s in cal])
     if st.any():
-        op["structured_flagged"] = float(np.mean(sc[st] >= thr))
+        op["structured_flagged"] = float(np.mean(sc[st] > thr))
     cats: dict[str, Head] = {}
     cat_thr: dict[str, float] = {}
     safe = [i for i, s in enumerate(sel) if not s.label]
@@ -219,7 +226,7 @@ def fit_gate(gate: str, td_sel: TokenData, sel: list[Sample], td_cal: TokenData,
         cats[cat] = h
         cat_thr[cat] = C.best_f1_threshold(head_sample_scores(td_cal.subset(cidx), h, pooling), yc).threshold
     spec = GateSpec(head, pooling, thr, cats, cat_thr, {"calib": op, "head": dict(hc.__dict__)},
-                    sorted(float(x) for x in sc[bt]))
+                    sorted(float(x) for x in sc[bt]), own)
     log.info("%s gate: %d latents, W=%d, calib recall %.3f at benign-traffic FPR %.3f (AP %.3f)", gate, len(head.ids),
              pooling.window, op["recall"], op["flagged_benign_traffic"], op["average_precision"])
     return GateFit(spec, op)
@@ -271,6 +278,10 @@ class ExtraNegatives:
     cal: list[Sample]
 
 
+def _rank(f: GateFit) -> tuple[float, float]:
+    return f.calib["recall"], f.calib["average_precision"]
+
+
 def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_cal: dict[str, TokenData],
                 cal: dict[str, list[Sample]], cfg: BuildConfig, grid: bool,
                 extra: ExtraNegatives | None = None) -> tuple[dict[str, GateFit], dict[str, Any]]:
@@ -301,7 +312,7 @@ def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_c
                           "structured_flagged": f.calib.get("structured_flagged"),
                           "per_family_rule": f.calib["per_family_rule"],
                           "average_precision": f.calib["average_precision"], "n_latents": len(f.spec.overall.ids)})
-            if best is None or (f.calib["recall"], f.calib["average_precision"]) > (best.calib["recall"], best.calib["average_precision"]):
+            if best is None or _rank(f) > _rank(best):
                 best, best_hc = f, hc
         assert best is not None
         if grid:
@@ -350,7 +361,7 @@ def refit_prompt_gate(fits: dict[str, GateFit], td_sel: TokenData, sel: list[Sam
                                    "per_family_rule": f.calib["per_family_rule"],
                                    "average_precision": f.calib["average_precision"], "n_latents": len(head.ids),
                                    "structured_flagged": f.calib.get("structured_flagged")})
-        if (f.calib["recall"], f.calib["average_precision"]) > (best.calib["recall"], best.calib["average_precision"]):
+        if _rank(f) > _rank(best):
             best, best_hc, best_head = f, hc, head
     report["refit"] = {"candidates": int(len(cand)), "replaced_window_max": best_head is not None}
     if best_head is None or best_hc is None:
@@ -711,12 +722,13 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
 
     # 6. layer choice: the default read-out on each layer, compared on the calibration split
     prog.start("layer_choice")
-    fit_key = _hash([sae_key, asdict(cfg.head), cfg.prompt_head_grid, cfg.prompt_head_fit, cfg.prompt_refit_grid,
-                     cfg.prompt_refit_c, cfg.structured_negatives, cfg.response_head_grid,
-                     cfg.budget_prompt, cfg.budget_response,
-                     cfg.category_latents, cfg.min_category_samples, data_info["select"]["sha256"],
-                     data_info["calib"]["sha256"]])
-    lc_file = work / f"layer_choice-{fit_key}.json"
+    lc_key = _hash([sae_key, asdict(cfg.head), cfg.prompt_head_fit, cfg.budget_prompt, cfg.budget_response, cfg.category_latents,
+                    cfg.min_category_samples, data_info["select"]["sha256"], data_info["calib"]["sha256"]])
+    # the monitors' fits also depend on their grids, the refit and the structured negatives (and on how those
+    # enter selection and calibration: STRUCTURED_RULE)
+    fit_key = _hash([lc_key, cfg.prompt_head_grid, cfg.prompt_head_fit, cfg.prompt_refit_grid, cfg.prompt_refit_c,
+                     cfg.structured_negatives, STRUCTURED_RULE, cfg.response_head_grid])
+    lc_file = work / f"layer_choice-{lc_key}.json"
     layer_report: dict[str, Any] = json.loads(lc_file.read_text()) if lc_file.is_file() else {}
     for li, layer in enumerate(layers if len(layers) > 1 else ()):
         if str(layer) in layer_report:

@@ -429,9 +429,10 @@ def test_prompt_refit_reads_only_the_monitors_latents_and_replaces_a_weaker_gate
 def test_structured_negatives_join_the_prompt_fit_and_its_calibration_traffic():
     """A latent that marks unsafe requests in the select split but fires all over pasted lists (which the
     split lacks) is what a read-out fitted without those lists leans on; fitted with them, it leans on the
-    latent that is specific to unsafe requests, and the lists are benign traffic of the calibration."""
+    latent that is specific to unsafe requests, and the chosen read-out keeps the lists within the budget."""
     from dataclasses import replace
 
+    from guard.bundle import GateSpec
     from guard.recipe.pipeline import SMOKE, ExtraNegatives, fit_monitor
     from guard.recipe.selection import head_sample_scores
     from guard.recipe.sources import Sample
@@ -481,11 +482,15 @@ def test_structured_negatives_join_the_prompt_fit_and_its_calibration_traffic():
     fits, report = fit(ExtraNegatives(r_sel, lists, r_cal, lists))
     g = fits["prompt"].spec
     assert report["structured_negatives"] == {"fit": 40, "calibration": 40}
-    assert fits["prompt"].calib["family_flagged"][SOURCE] == fits["prompt"].calib["structured_flagged"]
-    assert fits["prompt"].calib["recall"] > 0.9
+    assert fits["prompt"].calib["recall"] > 0.5
+    # an operator's budget keeps the lists' own limit too
+    assert g.threshold_for_budget(cfg.budget_prompt) == pytest.approx(g.threshold)
+    assert g.threshold_for_budget(0.2) >= GateSpec(g.overall, g.pooling, 0.0, benign_scores=g.own_budget_scores[SOURCE]
+                                                   ).threshold_for_budget(0.2)
     # the fit itself moved: the list latent weighs far less against the specific one than without the lists
     w = dict(zip(g.overall.ids, g.overall.weights, strict=True))
     pw = dict(zip(plain["prompt"].spec.overall.ids, plain["prompt"].spec.overall.weights, strict=True))
     assert w.get(11, 0.0) / w[3] < 0.5 * pw.get(11, 0.0) / pw[3]
-    # the lists are benign traffic of the calibration split: the stored benign scores include them
-    assert len(g.benign_scores) == 80 + 40
+    # the lists are held to the budget on their own, outside the traffic the threshold is set on
+    assert len(g.benign_scores) == 80 and fits["prompt"].calib["n_benign_traffic"] == 80
+    assert fits["prompt"].calib["structured_flagged"] <= cfg.budget_prompt
