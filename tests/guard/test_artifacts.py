@@ -74,6 +74,9 @@ def test_monitor_is_sparse_and_calibrated_under_the_budget(name: str) -> None:
         assert g.threshold == pytest.approx(g.threshold_for_budget(budget))
         benign = np.asarray(g.benign_scores)
         assert len(benign) >= 200 and float((benign > g.threshold).mean()) <= budget
+        # traffic held to the budget on its own (the generated structured prompts) is within it too
+        for source, scores in g.own_budget_scores.items():
+            assert len(scores) >= 100 and float((np.asarray(scores) > g.threshold).mean()) <= budget, source
         # a gate that flags at random would catch the budget's share of unsafe samples; this one must do
         # clearly better at the same false-positive rate
         recall = g.calibration["calib"]["recall"]
