@@ -115,8 +115,15 @@ def gather_pbs_attention(
         out = torch.empty(rows, bs, d, dtype=work)
         q_off = torch.arange(bs)
 
-        @torch.no_grad()  # grad mode is thread-local
+        # grad and inference mode are thread-local: a worker runs in the caller's, or writing into ``out``
+        # (an inference tensor when the caller is in inference mode) fails outside it
+        inference = torch.is_inference_mode_enabled()
+
         def run(chunks: list[tuple[int, int, int, int]]) -> None:
+            with torch.inference_mode(inference), torch.no_grad():
+                run_chunks(chunks)
+
+        def run_chunks(chunks: list[tuple[int, int, int, int]]) -> None:
             if not chunks:
                 return
             if workers > 1:

@@ -81,6 +81,12 @@ def test_worker_threads_do_not_change_the_result(workers: int) -> None:
     _close_to_reference(out, q, k, v, plan)
     q.requires_grad_(True)
     assert not gather_pbs_attention(q, k, v, plan, workers=workers).requires_grad
+    # a caller in inference mode (as a served forward is): the workers write its output in that mode
+    with torch.inference_mode():
+        qi, ki, vi = q.detach().clone(), k.clone(), v.clone()
+        out = gather_pbs_attention(qi, ki, vi, plan, workers=workers, chunk_elems=128 * 640)
+    assert out.is_inference()
+    _close_to_reference(out, q.detach(), k, v, plan)
 
 
 def test_sparse_and_exact_on_planted_data() -> None:
