@@ -288,9 +288,8 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
             keep += [idx[i] for i in sorted(rng.choice(len(idx), min(limit, len(idx)), replace=False))]
         test = [test[i] for i in sorted(keep)]
         calib = [calib[i] for i in sorted(rng.choice(len(calib), min(len(calib), 4 * limit), replace=False))]
-    everyday = [Sample(user(t), None, 0, None, "eval/everyday", "eval") for t in load_eval_prompts("everyday")]
-    sensitive = [Sample(user(t), None, 0, None, "eval/sensitive", "eval") for t in load_eval_prompts("sensitive")]
     sets = extra_prompt_sets()
+    everyday, sensitive = sets["everyday"], sets["sensitive"]
     structured = sets.get("structured", [])
     fresh_sets = {k: v for k, v in sets.items() if k.startswith("fresh_")}
     fresh = [s for ss in fresh_sets.values() for s in ss]

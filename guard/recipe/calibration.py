@@ -93,7 +93,8 @@ def threshold_at_fpr(scores: np.ndarray, labels: np.ndarray, max_fpr: float) -> 
     raise AssertionError("unreachable: the last candidate flags nothing")
 
 
-def threshold_at_budget(benign_scores: np.ndarray, budget: float) -> float:
+def threshold_at_budget(benign_scores: np.ndarray, budget: float,
+                        own_budget_scores: dict[str, list[float]] | None = None) -> float:
     """The lowest threshold at which at most ``budget`` of the benign samples score above it (rule ``> t``):
     the most recall a false-positive budget buys. Midpoint between neighbouring scores (the same rule as
     :meth:`guard.bundle.GateSpec.threshold_for_budget`, which serving uses for an operator's budget)."""
@@ -104,7 +105,8 @@ def threshold_at_budget(benign_scores: np.ndarray, budget: float) -> float:
         raise ValueError("a budget threshold needs benign samples")
     if not 0.0 <= budget < 1.0:
         raise ValueError(f"budget must be in [0, 1), got {budget}")
-    return GateSpec(Head([], []), Pooling(), 0.0, benign_scores=[float(x) for x in benign_scores]).threshold_for_budget(budget)
+    return GateSpec(Head([], []), Pooling(), 0.0, benign_scores=[float(x) for x in benign_scores],
+                    own_budget_scores=own_budget_scores or {}).threshold_for_budget(budget)
 
 
 def average_precision(scores: np.ndarray, labels: np.ndarray) -> float:

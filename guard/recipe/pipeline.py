@@ -74,8 +74,8 @@ class BuildConfig:
     # strength ``prompt_refit_c``) on each sample's standardised mean latents, every sample weighing the same,
     # served through each (window, min_count) here. It replaces the window-max read-out only where it recalls
     # more at the budget on the calibration split (empty = off). Fitted on short requests alone it raised test
-    # balanced accuracy 0.76 -> 0.81 but let long repetitive benign prompts cross the threshold; against the
-    # structured negatives below as well, it recalled less than the window-max read-out and was not chosen.
+    # balanced accuracy 0.76 -> 0.81 but let long repetitive benign prompts cross the threshold; fitted and
+    # calibrated against the structured negatives below as well, it is held to the same rules as the rest.
     prompt_refit_grid: tuple[tuple[int, int], ...] = ((256, 8), (128, 16))
     prompt_refit_c: float = 0.03
     # generated benign structured prompts (pasted logs, tables, records, code, lists: guard.recipe.structured)
@@ -180,6 +180,17 @@ class GateFit:
     calib: dict[str, Any]
 
 
+def budget_threshold(sc: np.ndarray, cal: list[Sample], budget: float
+                     ) -> tuple[float, np.ndarray, np.ndarray, dict[str, list[float]]]:
+    """The threshold a budget buys on ``cal``'s scores: (threshold, benign-traffic mask, structured mask, the
+    structured scores). Generated structured prompts are held to the budget on their own: pooled with the
+    rest, these easy negatives would loosen the threshold for everything else; apart, the stricter wins."""
+    st = np.array([s.source.startswith(STRUCTURED_SOURCE) for s in cal], dtype=bool)
+    bt = np.array([is_benign_traffic(s) for s in cal], dtype=bool) & ~st
+    own = {STRUCTURED_SOURCE: sorted(float(x) for x in sc[st])} if st.any() else {}
+    return C.threshold_at_budget(sc[bt], budget, own), bt, st, own
+
+
 def fit_gate(gate: str, td_sel: TokenData, sel: list[Sample], td_cal: TokenData, cal: list[Sample],
              hc: HeadConfig, budget: float, cfg: BuildConfig, categories: bool = True, head: Head | None = None) -> GateFit:
     """Overall read-out (select split; ``head`` when already fitted), its threshold at the budget (calib
@@ -192,12 +203,7 @@ def fit_gate(gate: str, td_sel: TokenData, sel: list[Sample], td_cal: TokenData,
     pooling = hc.pooling()
     sc = head_sample_scores(td_cal, head, pooling)
     ycal = labels(cal)
-    # Generated structured prompts are held to the budget on their own: pooled with the rest, these easy
-    # negatives would loosen the threshold for everything else; apart, the threshold is the stricter of the two
-    st = np.array([s.source.startswith(STRUCTURED_SOURCE) for s in cal], dtype=bool)
-    bt = np.array([is_benign_traffic(s) for s in cal], dtype=bool) & ~st
-    own = {STRUCTURED_SOURCE: sorted(float(x) for x in sc[st])} if st.any() else {}
-    thr = max([C.threshold_at_budget(sc[bt], budget)] + [C.threshold_at_budget(np.array(v), budget) for v in own.values()])
+    thr, bt, st, own = budget_threshold(sc, cal, budget)
     op = C.operating_point(sc, ycal, thr, bt)
     op["average_precision"] = C.average_precision(sc, ycal)
     op["budget"] = budget
@@ -260,8 +266,7 @@ def reference_gate(td_sel: TokenData, sel: list[Sample], td_cal: TokenData, cal:
     allowed = token_density(td_sel, benign or None) <= max_density
     head = reference_head(td_sel, labels(sel), 32, allowed)
     sc = head_sample_scores(td_cal, head, Pooling())
-    bt = np.array([is_benign_traffic(s) for s in cal])
-    thr = C.threshold_at_budget(sc[bt], budget)
+    thr, bt, _, _ = budget_threshold(sc, cal, budget)
     op = C.operating_point(sc, labels(cal), thr, bt)
     op["average_precision"] = C.average_precision(sc, labels(cal))
     return GateFit(GateSpec(head, Pooling(), thr), op)
@@ -270,7 +275,8 @@ def reference_gate(td_sel: TokenData, sel: list[Sample], td_cal: TokenData, cal:
 @dataclass
 class ExtraNegatives:
     """Benign prompts outside the dataset's splits, encoded like them, that every prompt read-out is fitted
-    against (``sel``) and whose calibration part (``cal``) joins the benign traffic thresholds are set on."""
+    against (``sel``) and whose calibration part (``cal``) is held to the budget on its own
+    (:func:`budget_threshold`)."""
 
     td_sel: TokenData
     sel: list[Sample]
