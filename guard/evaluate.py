@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from guard.bundle import MonitorSpec, load_model_for, read_manifest
+from guard.eval_data import BLOCK_SETS
 from guard.monitor import GateScorer, score_sequence
 from guard.recipe import calibration as C
 from guard.recipe.encode import guard_tokens
@@ -290,7 +291,9 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
         calib = [calib[i] for i in sorted(rng.choice(len(calib), min(len(calib), 4 * limit), replace=False))]
     sets = extra_prompt_sets()
     everyday, sensitive = sets["everyday"], sets["sensitive"]
-    structured = sets.get("structured", [])
+    # pasted logs, tables, code and lists: everyday traffic of another shape, one entry per multi-line set
+    block_sets = {k: sets[k] for k in sorted(BLOCK_SETS) if k in sets}
+    structured = [s for ss in block_sets.values() for s in ss]
     fresh_sets = {k: v for k, v in sets.items() if k.startswith("fresh_")}
     fresh = [s for ss in fresh_sets.values() for s in ss]
     dilution_list = [(f, conv) for s in fresh_sets.get("fresh_harmful", []) for f, conv in dilution_forms(s.conv[0][1]).items()]
@@ -298,7 +301,7 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
     budgets = {"prompt": prov["config"]["budget_prompt"], "response": prov["config"]["budget_response"]}
     rep: dict[str, Any] = {"artifacts": str(art), "layer": man["layer"], "budgets": budgets,
                            "n": {"test": len(test), "everyday_prompts": len(everyday), "sensitive_prompts": len(sensitive),
-                                 "structured_prompts": len(structured),
+                                 **{f"{k}_prompts": len(v) for k, v in block_sets.items()},
                                  **{k: len(v) for k, v in fresh_sets.items()}, "dilution_forms": len(dilution)},
                            "test_split_sha256": hashlib.sha256(json.dumps([s.to_json() for s in test]).encode()).hexdigest(),
                            "monitors": {}, "baselines": {}}
@@ -322,12 +325,11 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
         r["sensitive_prompts_flagged"] = float(np.mean(cut[len(everyday): len(everyday) + len(sensitive)]))
         r["everyday_prompts_flagged_examples"] = [s.prompt for s, c in zip(everyday, cut, strict=False) if c][:20]
         k = len(everyday) + len(sensitive)
-        if structured:
-            # pasted logs, tables, code and lists: everyday traffic of another shape
-            st_cut = cut[k: k + len(structured)]
-            r["structured_prompts_flagged"] = float(np.mean(st_cut))
-            r["structured_prompts_flagged_families"] = [s.category for s, c in zip(structured, st_cut, strict=True) if c]
-            k += len(structured)
+        for set_name, ss in block_sets.items():
+            st_cut = cut[k: k + len(ss)]
+            r[f"{set_name}_prompts_flagged"] = float(np.mean(st_cut))
+            r[f"{set_name}_prompts_flagged_families"] = [s.category for s, c in zip(ss, st_cut, strict=True) if c]
+            k += len(ss)
         # the freshly written sets and the dilution forms, served exactly as a request would be
         shares = {"everyday": r["everyday_prompts_flagged"]}
         for set_name, ss in fresh_sets.items():
@@ -386,7 +388,7 @@ def _headline(r: dict[str, Any]) -> dict[str, Any]:
             "response_f1": t["response"]["f1"], "benign_answers_cut": t["response"]["benign_answers_cut"],
             "drift_cut": t.get("drift", {}).get("cut_rate"), "drift_early_share": t.get("drift", {}).get("early_share_of_cuts"),
             "everyday_prompts_flagged": r["everyday_prompts_flagged"], "sensitive_prompts_flagged": r["sensitive_prompts_flagged"],
-            **({"structured_prompts_flagged": r["structured_prompts_flagged"]} if "structured_prompts_flagged" in r else {}),
+            **{k: v for k, v in r.items() if k.endswith("_prompts_flagged") and k.startswith("structured")},
             **({"fresh": r["fresh"]} if "fresh" in r else {}),
             **({"dilution_relative_to_plain": r["dilution"]["relative_to_plain"]} if "dilution" in r else {})}
 
@@ -425,7 +427,7 @@ def extra_prompt_sets() -> dict[str, list[Sample]]:
     from guard.eval_data import SETS
     from guard.eval_data import load_eval_prompts as load_set
 
-    for name in ("fresh_harmful", "fresh_benign_edgy", "structured"):
+    for name in ("fresh_harmful", "fresh_benign_edgy", *sorted(BLOCK_SETS)):
         if (EVAL_DATA / f"{name}.txt").is_file():
             sets[name] = [Sample(user(t), None, SETS[name], c or None, f"eval/{name}", "eval") for c, t in load_set(name)]
     return sets

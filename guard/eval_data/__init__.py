@@ -24,9 +24,10 @@ SETS: dict[str, int] = {
     "everyday": 0,
     "sensitive": 0,
     "structured": 0,
+    "structured_b": 0,
 }
 # sets whose requests span several lines (see the module docstring)
-BLOCK_SETS = frozenset({"structured"})
+BLOCK_SETS = frozenset({"structured", "structured_b"})
 
 
 def eval_set_path(name_or_path: str | Path) -> Path:
