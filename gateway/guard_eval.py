@@ -119,9 +119,9 @@ def eval_extension(args: Any, report: dict[str, Any]) -> dict[str, Any]:
     """Hook for ``nextguard guard eval`` (registered by :mod:`gateway.cli`): the everyday section."""
     if getattr(args, "no_gateway", False):
         return {}
-    from guard.evaluate import load_eval_prompts
+    from guard.eval_data import load_eval_prompts
 
-    prompts = load_eval_prompts("everyday")
+    prompts = [t for _, t in load_eval_prompts("everyday")]
     if args.limit:
         prompts = prompts[: max(args.limit, 8)]
     out = Path(args.out)

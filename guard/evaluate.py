@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from guard.bundle import MonitorSpec, load_model_for, read_manifest
-from guard.eval_data import BLOCK_SETS
+from guard.eval_data import BLOCK_SETS, SETS, load_eval_prompts
 from guard.monitor import GateScorer, score_sequence
 from guard.recipe import calibration as C
 from guard.recipe.encode import guard_tokens
@@ -43,7 +43,6 @@ from guard.text import Conversation, user
 
 log = logging.getLogger(__name__)
 WITHIN = (16, 32, 128)
-EVAL_DATA = Path(__file__).resolve().parent / "eval_data"
 
 
 def load_build_data(artifacts: Path) -> dict[str, list[Sample]]:
@@ -60,11 +59,6 @@ def load_build_data(artifacts: Path) -> dict[str, list[Sample]]:
         if data_hash(v) != want:
             raise RuntimeError(f"{artifacts}/data.jsonl.gz: the {k} split does not match the build's provenance")
     return parts
-
-
-def load_eval_prompts(name: str) -> list[str]:
-    """Hand-written held-out prompts, one per line (``everyday.txt``, ``sensitive.txt``)."""
-    return [x.strip() for x in (EVAL_DATA / f"{name}.txt").read_text().splitlines() if x.strip() and not x.startswith("#")]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -388,7 +382,7 @@ def _headline(r: dict[str, Any]) -> dict[str, Any]:
             "response_f1": t["response"]["f1"], "benign_answers_cut": t["response"]["benign_answers_cut"],
             "drift_cut": t.get("drift", {}).get("cut_rate"), "drift_early_share": t.get("drift", {}).get("early_share_of_cuts"),
             "everyday_prompts_flagged": r["everyday_prompts_flagged"], "sensitive_prompts_flagged": r["sensitive_prompts_flagged"],
-            **{k: v for k, v in r.items() if k.endswith("_prompts_flagged") and k.startswith("structured")},
+            **{k: r[k] for n in sorted(BLOCK_SETS) if (k := f"{n}_prompts_flagged") in r},
             **({"fresh": r["fresh"]} if "fresh" in r else {}),
             **({"dilution_relative_to_plain": r["dilution"]["relative_to_plain"]} if "dilution" in r else {})}
 
@@ -418,19 +412,11 @@ def _plots(out: Path, traces: dict[str, list[dict[str, Any]]]) -> None:
 # the ladder, leave-one-source-out, and the fresh prompt sets (``guard eval --ladder``)
 
 def extra_prompt_sets() -> dict[str, list[Sample]]:
-    """The prompt sets no build step reads: everyday and sensitive prompts, the freshly written direct
-    harmful and edgy-but-benign requests, and the pasted structured prompts (where present)."""
-    sets: dict[str, list[Sample]] = {
-        "everyday": [Sample(user(t), None, 0, None, "eval/everyday", "eval") for t in load_eval_prompts("everyday")],
-        "sensitive": [Sample(user(t), None, 0, None, "eval/sensitive", "eval") for t in load_eval_prompts("sensitive")],
-    }
-    from guard.eval_data import SETS
-    from guard.eval_data import load_eval_prompts as load_set
-
-    for name in ("fresh_harmful", "fresh_benign_edgy", *sorted(BLOCK_SETS)):
-        if (EVAL_DATA / f"{name}.txt").is_file():
-            sets[name] = [Sample(user(t), None, SETS[name], c or None, f"eval/{name}", "eval") for c, t in load_set(name)]
-    return sets
+    """The prompt sets no build step reads (:data:`guard.eval_data.SETS`): everyday and sensitive prompts, the
+    freshly written direct harmful and edgy-but-benign requests, and the pasted structured prompts."""
+    names = ("everyday", "sensitive", "fresh_harmful", "fresh_benign_edgy", *sorted(BLOCK_SETS))
+    return {name: [Sample(user(t), None, SETS[name], c or None, f"eval/{name}", "eval") for c, t in load_eval_prompts(name)]
+            for name in names}
 
 
 DILUTION_FILLER = ("so", "well", "you know", "basically", "honestly", "like")

@@ -75,6 +75,10 @@ def test_eval_and_bench_run(built, tmp_path):
         assert dr["cut_before_onset"] + dr["cut_in_unsafe_part"] == pytest.approx(dr["cut_rate"])
         assert "reference_rule" in rep["monitors"][name]
         assert 0.0 <= rep["monitors"][name]["everyday_prompts_flagged"] <= 1.0
+        # every multi-line held-out set is reported apart, in the record and in the headline
+        for block_set in ("structured", "structured_b"):
+            assert 0.0 <= rep["monitors"][name][f"{block_set}_prompts_flagged"] <= 1.0
+            assert f"{block_set}_prompts_flagged" in rep["summary"][f"nextguard-{name}"]
         # the freshly written sets and every dilution form of each fresh harmful request, through the served gate
         fr = rep["monitors"][name]["fresh"]
         assert {"harmful_refused", "edgy_benign_refused", "balanced_accuracy_vs_edgy"} <= set(fr)
