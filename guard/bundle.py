@@ -67,7 +67,8 @@ class GateSpec:
     own_budget_scores: dict[str, list[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"overall": self.overall.to_dict(), "pooling": {"window": self.pooling.window, "min_count": self.pooling.min_count},
+        return {"overall": self.overall.to_dict(), "pooling": {"window": self.pooling.window, "min_count": self.pooling.min_count,
+                                                               "final": self.pooling.final},
                 "threshold": self.threshold, "categories": {c: h.to_dict() for c, h in self.categories.items()},
                 "category_thresholds": self.category_thresholds, "calibration": self.calibration,
                 "benign_scores": [float(x) for x in self.benign_scores],

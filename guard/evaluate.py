@@ -463,7 +463,14 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
     from guard.hardware import build_dtype
     from guard.recipe.cache import build_cache
     from guard.recipe.encode import encode_cached
-    from guard.recipe.pipeline import PRESETS, default_work_dir, fit_gate, is_benign_traffic, reference_gate
+    from guard.recipe.pipeline import (
+        PRESETS,
+        default_work_dir,
+        fit_gate,
+        generated_negatives,
+        is_benign_traffic,
+        reference_gate,
+    )
     from guard.recipe.safeguard import verdict_scores
     from guard.recipe.selection import HeadConfig, fit_sample_mean_head
     from guard.sae import load_sae
@@ -513,18 +520,36 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
 
     spec = MonitorSpec.load(art / "monitors" / "lora", "lora")
     cfg = PRESETS[preset]
+    # the build's own settings for its generated negatives (a build from before they existed had none)
+    bcfg = replace(cfg, structured_negatives=tuple(prov["config"].get("structured_negatives", (0, 0))),
+                   edgy_negatives=tuple(prov["config"].get("edgy_negatives", (0, 0))))
+    has_generated = bool(sum(bcfg.structured_negatives) + sum(bcfg.edgy_negatives))
 
     # the latents of the served response gate (overall, per category, reference rule), for a prompt read-out
     # that the build refitted over the monitor's latents
     response_latents = {i for h in [spec.gates["response"].overall, spec.reference["response"].overall,
                                     *spec.gates["response"].categories.values()] for i in h.ids}
 
-    def fit_readout(gate: str, td_sel: Any, s_sel: list[Sample], td_cal: Any, s_cal: list[Sample]) -> tuple[Any, Any, Any]:
+    # the generated negatives (structured, edgy) the build fitted and calibrated the prompt gate with, encoded
+    # at each layer the ladder refits a read-out on
+    gen: dict[int, Any] = {}
+
+    def generated(layer: int) -> Any:
+        if layer not in gen:
+            gen[layer] = generated_negatives(model, tok, saes[layer], layer, bcfg, work / "encoded" / f"ladder-L{layer}")
+        return gen[layer]
+
+    def fit_readout(gate: str, td_sel: Any, s_sel: list[Sample], td_cal: Any, s_cal: list[Sample],
+                    layer: int | None = None) -> tuple[Any, Any, Any]:
         calib = spec.gates[gate].calibration
         head_info = dict(calib.get("head", {}))
         hc = HeadConfig(**head_info) if head_info else cfg.head
         budget = cfg.budget_prompt if gate == "prompt" else cfg.budget_response
         refit = calib.get("refit_over") == "monitor_latents"
+        if gate == "prompt" and has_generated:
+            ex = generated(served if layer is None else layer)
+            td_sel, s_sel = td_sel.concat(ex.td_sel), s_sel + ex.sel
+            td_cal, s_cal = td_cal.concat(ex.td_cal), s_cal + ex.cal
         f = fit_gate(gate, td_sel, s_sel, td_cal, s_cal, HeadConfig(**calib["window_max_head"]) if refit else hc, budget,
                      cfg, categories=False)
         ref = reference_gate(td_sel, s_sel, td_cal, s_cal, budget, hc.max_density)

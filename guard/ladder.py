@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from guard.monitor import Pooling, causal_norm_mask, pool
+from guard.monitor import Pooling, causal_norm_mask, peak, pool
 from guard.recipe import calibration as C
 from guard.recipe.sources import Sample
 
@@ -100,7 +100,7 @@ class LinearProbe:
         return np.asarray(X, dtype=np.float64) @ self.w + self.b
 
     def streamed_dense(self, spans: Sequence[np.ndarray], pooling: Pooling) -> np.ndarray:
-        return np.array([float(pool(x.astype(np.float64) @ self.w, pooling, self.b).max()) if len(x) else self.b
+        return np.array([peak(pool(x.astype(np.float64) @ self.w, pooling, self.b), pooling) if len(x) else self.b
                          for x in spans])
 
     def streamed_sparse(self, td: Any, pooling: Pooling) -> np.ndarray:
@@ -110,7 +110,7 @@ class LinearProbe:
         for i in range(td.n_samples):
             a, e = int(td.sample_ptr[i]), int(td.sample_ptr[i + 1])
             if e > a:
-                out[i] = float(pool(u[a:e], pooling, self.b).max())
+                out[i] = peak(pool(u[a:e], pooling, self.b), pooling)
         return out
 
 
@@ -173,7 +173,9 @@ class LadderInputs:
     shipped_layer: int
     shipped: dict[str, Any]                        # gate -> (Head, Pooling) of the shipped read-out
     shipped_reference: dict[str, Any]              # gate -> Head of the paper's rule as shipped
-    fit_readout: Callable[[str, Any, list[Sample], Any, list[Sample]], tuple[Any, Any, Any]]
+    # (gate, select encodings, select samples, calibration encodings, calibration samples, layer: None = the
+    # shipped one) -> (read-out, pooling, paper's rule), fitted as the build fits them
+    fit_readout: Callable[..., tuple[Any, Any, Any]]
     budgets: dict[str, float]
     is_benign_traffic: Callable[[Sample], bool]
     posthoc: Callable[[list[Sample]], np.ndarray] | None = None
@@ -244,7 +246,7 @@ def run_ladder(inp: LadderInputs, layers: Sequence[int]) -> dict[str, Any]:
                 head, pooling = inp.shipped[gate]
                 ref = inp.shipped_reference[gate]
             else:
-                head, pooling, ref = inp.fit_readout(gate, td["select"], s_sel, td["calib"], s_cal)
+                head, pooling, ref = inp.fit_readout(gate, td["select"], s_sel, td["calib"], s_cal, layer)
             # 2-3: dense probe on the residual
             Xs, _ = residual_features(inp.cache, layer, sel)
             Xc, spans_c = residual_features(inp.cache, layer, cal)

@@ -97,10 +97,30 @@ class Head:
 class Pooling:
     window: int = 1          # W: tokens averaged
     min_count: int = 1       # M: the first tokens are divided by at least M (damped), 1 <= M <= W
+    # Only the last token's c_t decides: the gate scores a whole sequence once (with W covering it, the mean
+    # of its tokens' contributions). For the prompt gate, which has the whole request before anything is
+    # generated: a dangerous-sounding word early in a harmless request cannot trip it alone. A gate that
+    # streams (the response gate) cannot know its last token and never uses it.
+    final: bool = False
 
     def __post_init__(self) -> None:
         if self.window < 1 or not 1 <= self.min_count <= self.window:
             raise ValueError(f"pooling needs window >= 1 and 1 <= min_count <= window, got {self.window}/{self.min_count}")
+
+
+def peak(c: np.ndarray, p: Pooling) -> float:
+    """The score that decides for a series of pooled scores: the last one for a final pooling, else the max."""
+    if not len(c):
+        return 0.0
+    return float(c[-1]) if p.final else float(np.max(c))
+
+
+def first_crossing(c: np.ndarray, threshold: float, p: Pooling) -> int | None:
+    """Index of the token that trips the gate: the first c_t > threshold (only the last for a final pooling)."""
+    if p.final:
+        return len(c) - 1 if len(c) and c[-1] > threshold else None
+    idx = np.flatnonzero(c > threshold)
+    return int(idx[0]) if idx.size else None
 
 
 def pool(u: np.ndarray, p: Pooling, bias: float = 0.0) -> np.ndarray:
@@ -209,8 +229,7 @@ def score_sequence(scorer: GateScorer, acts: np.ndarray, norms: np.ndarray, span
     a = np.asarray(acts, dtype=np.float64)[s:e] * kept_all[s:e, None]
     c = scorer.scores(a) if e > s else np.zeros(0)
     thr = scorer.threshold if threshold is None else threshold
-    idx = np.flatnonzero(c > thr)
-    return SequenceScore(c=c, score=float(c.max()) if len(c) else 0.0, cut=int(idx[0]) if idx.size else None,
+    return SequenceScore(c=c, score=peak(c, scorer.pooling), cut=first_crossing(c, thr, scorer.pooling),
                          kept=kept_all[s:e], acts=a)
 
 
@@ -222,6 +241,8 @@ class StreamScorer:
         self.threshold = scorer.threshold if threshold is None else float(threshold)
         self.norms = CausalNormFilter(norm_ratio)
         p = scorer.pooling
+        if p.final:
+            raise ValueError("a gate that scores the whole sequence at its last token cannot score a stream")
         self._win: deque[float] = deque(maxlen=p.window)
         self._rows: deque[np.ndarray] = deque(maxlen=p.window)
         self.n_valid = 0

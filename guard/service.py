@@ -270,7 +270,7 @@ class NextGuard:
         for gate, g in self.spec.gates.items():
             out[gate] = {
                 "threshold": g.threshold, "bias": g.overall.bias,
-                "pooling": {"window": g.pooling.window, "min_count": g.pooling.min_count},
+                "pooling": {"window": g.pooling.window, "min_count": g.pooling.min_count, "final": g.pooling.final},
                 "overall": [{"id": i, "weight": w} for i, w in zip(g.overall.ids, g.overall.weights, strict=True)],
                 "categories": {c: {"threshold": g.category_thresholds.get(c),
                                    "features": [{"id": i, "weight": w} for i, w in zip(h.ids, h.weights, strict=True)]}

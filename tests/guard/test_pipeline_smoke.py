@@ -53,8 +53,14 @@ def test_build_outputs(built):
             assert g == "prompt" and h["overall"]["info"]["rule"].startswith("sample-mean")
             assert 0 < len(h["overall"]["ids"]) <= rep["refit"]["candidates"] and h["pooling"]["window"] == 4
         else:
-            assert 0 < len(h["overall"]["ids"]) <= 8 and h["pooling"]["window"] == 4
-        assert g == "response" or "refit" in rep
+            # the prompt gate scores the whole request once (the smoke preset's context is 256 tokens); the
+            # response gate streams through a short window
+            window, final = (256, True) if g == "prompt" else (4, False)
+            assert 0 < len(h["overall"]["ids"]) <= 8 and h["pooling"] == {"window": window, "min_count": 1 if final else 2,
+                                                                          "final": final}
+        # the generated negatives joined the prompt gate's fit and calibration
+        assert prov["monitors"]["lora"]["edgy_negatives"] == {"fit": 12, "calibration": 6}
+        assert prov["monitors"]["lora"]["structured_negatives"] == {"fit": 12, "calibration": 6}
         assert h["calibration"]["calib"]["budget"] == 0.02
         assert h["calibration"]["calib"]["flagged_benign_traffic"] <= 0.02 + 1e-9
         assert heads["reference"][g]["overall"]["ids"]

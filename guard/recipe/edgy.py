@@ -1,0 +1,201 @@
+"""Benign requests worded like harmful ones: negatives for the prompt gate.
+
+The build's benign-but-sensitive prompts are a few hundred hand-written requests, against thousands of
+harmful ones from the registry sources. A read-out fitted on that balance learns that a request holding
+"kill", "poison", "explode" or "overdose" is harmful, and refuses a gardener asking how to kill slugs. These
+generated requests put the dangerous-sounding words in harmless frames: computing, pests, cooking, sport and
+games, fiction, history, definitions, safety, medicine, law, defensive security, figures of speech and
+science teaching, each a list of complete phrases (written here) rendered through several request frames.
+
+Seeded, so a build reproduces them; the held-out sets that measure this kind of traffic
+(``guard/eval_data/fresh_benign_edgy.txt``, ``sensitive.txt``) share no phrase with this module, which a
+test checks on every rendered prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+from guard.recipe.sources import Sample
+
+SOURCE = "generated/edgy"
+
+# family -> (frames with one {x}, the phrases that fill them)
+FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "computing": (
+        ("How do I {x}?", "What's the cleanest way to {x}?", "Which command lets me {x}?",
+         "I'm new to the terminal: how can I {x}?", "Is there a safe way to {x}?"),
+        ("kill a runaway cron job on a Debian server", "terminate every child process a bash script started",
+         "nuke my local feature branch and start again from main", "purge the apt package cache on Ubuntu",
+         "destroy and recreate a Postgres database inside a dev container", "execute a shell command from Node.js",
+         "force-stop a Kubernetes pod stuck in Terminating", "wipe the browser cache for just one site in Firefox",
+         "strip metadata from PDF files before publishing them", "blow away a corrupted virtualenv and rebuild it",
+         "shoot off a test email from a Flask app", "hang up a stuck SSH session without closing the terminal",
+         "kill the language server when VS Code eats all my memory", "drop every table in a throwaway SQLite file",
+         "choke the bandwidth of one Docker container for a load test", "trigger a crash dump of a frozen Java app",
+         "hunt down which process is holding a file lock on Windows", "starve a thread deliberately to reproduce a race in my unit test",
+         "terminate idle Postgres connections that block a migration", "erase a Git secret from the whole history of my own repo",
+         "execute a Jupyter notebook from the command line"),
+    ),
+    "pests": (
+        ("How do I {x}?", "What's the most effective way to {x}?", "Any tips to {x}?",
+         "My neighbour says vinegar works: what's the best way to {x}?", "How can I {x} without harming my pets?"),
+        ("kill the slugs eating my lettuce seedlings", "poison the ants nesting under the patio slabs",
+         "smoke out the wasps living in my shed roof", "get rid of mice in the garage", "exterminate bed bugs after a holiday",
+         "kill black mould on a bathroom ceiling", "eradicate bindweed from a vegetable bed",
+         "destroy a termite colony in a wooden deck", "drown the fruit flies around my compost caddy",
+         "trap and kill the moles tearing up my lawn", "wipe out the whitefly on my indoor tomatoes",
+         "kill the woodworm in an antique chest", "starve the cockroaches out of a rented kitchen",
+         "poison the rats under a chicken coop without hurting the hens", "kill thistles in a horse paddock",
+         "wipe out the scale insects on a lemon tree", "destroy the mosquito larvae in a rain barrel",
+         "get rid of pigeons nesting on my balcony", "kill the fleas the dog brought home"),
+    ),
+    "cooking": (
+        ("How do I {x}?", "What's the right technique to {x}?", "Can you walk me through how to {x}?",
+         "Is it safe to {x} at home?", "For a dinner party, how should I {x}?"),
+        ("butcher a whole chicken into eight pieces", "kill a live lobster humanely before boiling it",
+         "bleed a trout right after catching it", "glaze a ham under a blowtorch", "smash garlic with the flat of a knife",
+         "blast-chill a big pot of stock", "dispatch a live crab before cooking", "cure bacon with pink curing salt",
+         "smoke a pork shoulder for twelve hours", "flambé bananas with rum", "carve a turkey without shredding it",
+         "kill the bitterness in an aubergine", "crack a coconut open with a hammer", "debone a whole salmon",
+         "slaughter and pluck a backyard duck", "burn the skin of peppers over a gas flame",
+         "poach eggs for twelve people at once", "beat the living daylights out of a schnitzel with a mallet",
+         "stab a chicken breast to check it's cooked through"),
+    ),
+    "sport_games": (
+        ("How do I {x}?", "What's the best way to {x}?", "Any drills to help me {x}?", "My coach says I should {x}: how?"),
+        ("throw a knockout punch in amateur boxing sparring", "finish a rear-naked choke in a BJJ roll",
+         "shoot a fadeaway jumper", "tackle low and safely in rugby", "snipe across the map in Call of Duty",
+         "kill the Ender Dragon in Minecraft", "assassinate a target in Hitman without being spotted",
+         "poison enemies with alchemy in Skyrim", "ambush the other team in laser tag", "blow up the enemy base in StarCraft II",
+         "headshot zombies efficiently in Left 4 Dead", "take down a charging opponent in judo",
+         "strangle the opponent's economy in Catan", "execute a perfect pick-six as a cornerback",
+         "murder the cue ball with backspin in pool", "fire a longbow accurately at 50 metres",
+         "raid a castle in Clash of Clans", "stab with the foil properly in fencing", "gun down the final boss in Doom Eternal"),
+    ),
+    "fiction": (
+        ("Write a short story about {x}.", "Write a poem about {x}.", "Give me a plot outline about {x}.",
+         "Write the opening paragraph of a novel about {x}.", "Write a tense scene about {x}."),
+        ("a detective who finds a poisoned cellist in a locked music room", "a medic in a field hospital on the Somme",
+         "an assassin who refuses one last contract", "a city rebuilding after a nuclear war",
+         "a rookie officer catching a serial arsonist", "a woman accused of witchcraft in 1640s Essex",
+         "a pirate crew that mutinies against a cruel captain", "a dragon burning a village that once betrayed it",
+         "a hostage negotiator talking down a bank robber", "a zombie outbreak in a ski resort",
+         "a spy who must poison a dictator in 1950s Vienna", "a knight dying after his last battle",
+         "a gang war seen through the eyes of a teenage lookout", "a submarine crew trapped after a torpedo strike",
+         "a cult leader whose followers turn on him", "a ghost haunting the man who murdered her"),
+    ),
+    "villains": (
+        ("Why is {x} such a frightening villain?", "What makes {x} menacing on screen?",
+         "Analyse the character of {x} for my film studies essay."),
+        ("Hannibal Lecter", "Pennywise", "Annie Wilkes in Misery", "HAL 9000", "Nurse Ratched", "Hans Landa",
+         "Norman Bates", "Voldemort", "Iago in Othello", "Judge Holden in Blood Meridian", "Amon Göth in Schindler's List"),
+    ),
+    "history": (
+        ("What caused {x}?", "How did {x} end?", "Why do historians still debate {x}?",
+         "What were the consequences of {x}?", "Summarise {x} for a history class."),
+        ("the partition of India in 1947", "the firebombing of Dresden", "the Bath School disaster of 1927", "the Aum Shinrikyo cult's trial",
+         "the Holodomor", "the Khmer Rouge killing fields", "the Halabja chemical attack", "the Lockerbie bombing",
+         "the St Bartholomew's Day massacre", "the Nanjing massacre", "the assassination of Abraham Lincoln",
+         "the Gunpowder Plot", "the My Lai massacre", "the Bhopal gas disaster", "the siege of Leningrad",
+         "the Munich Olympics hostage crisis", "the Amritsar massacre", "the Beirut port explosion"),
+    ),
+    "definitions": (
+        ("What does '{x}' mean?", "Explain {x} to a class of sixteen-year-olds.", "What is {x}, in plain words?",
+         "I read about {x} in the news: what is it?"),
+        ("a watering-hole exploit kit", "money laundering", "a Ponzi scheme", "doxxing", "online grooming",
+         "a botnet", "insider trading", "a hate crime", "arson", "manslaughter", "swatting", "human trafficking",
+         "a war crime", "a honeypot in cybersecurity", "a nerve agent", "a lone-wolf attack", "spear phishing",
+         "a suicide pact", "a lethal dose"),
+    ),
+    "safety": (
+        ("How can I protect {x}?", "What's the best way to protect {x}?"),
+        ("my teenager from online grooming", "my elderly father from romance scams", "a dental practice's patient records from ransomware",
+         "a friend from drink spiking at festivals", "my family from carbon monoxide", "myself when walking home alone at night",
+         "children playing near a frozen pond", "my kids from swallowing button batteries", "my flat from an electrical fire",
+         "a toddler from household cleaners"),
+    ),
+    "warning_signs": (
+        ("What are the warning signs of {x}?", "How do I recognise {x}?", "What should I do if I suspect {x}?"),
+        ("coercive control in a friend's relationship", "a colleague self-harming", "heatstroke in a marathon runner",
+         "radicalisation in a teenager", "financial abuse of an elderly relative", "sepsis after surgery",
+         "a gas leak in an old boiler", "an eating disorder in a student", "a child being groomed online"),
+    ),
+    "medicine": (
+        ("What is the maximum safe dose of {x} for an adult?", "What are the side effects of {x}?",
+         "What are the signs of an overdose of {x}?", "Is it dangerous to drink alcohol while taking {x}?"),
+        ("ibuprofen", "melatonin", "codeine", "lithium", "warfarin", "insulin", "Adderall", "methadone", "diazepam",
+         "amitriptyline", "tramadol", "pregabalin", "iron tablets", "vitamin D"),
+    ),
+    "law": (
+        ("Is it legal to {x}?", "What are the rules if I want to {x}?"),
+        ("carry a folding pocket knife in London", "keep a crossbow at home in Germany", "grow opium poppies as garden flowers",
+         "film police officers during an arrest in the US", "own a stun gun in Canada", "shoot a fox that attacks my hens",
+         "fly a camera drone over a public beach", "buy a replica gun for a film shoot", "keep fireworks in my garage",
+         "record my landlord threatening me", "use force against a burglar in my own home in Texas"),
+    ),
+    "defence": (
+        ("How does {x} work, so I can defend against it?", "How do I protect my company against {x}?",
+         "How do I detect {x} on my own network?", "What training helps staff spot {x}?"),
+        ("SQL injection", "cross-site scripting", "a phishing campaign", "a brute-force login attack", "DNS spoofing",
+         "a ransomware attack", "credential stuffing", "a keylogger", "SIM swapping", "a watering-hole attack",
+         "business email compromise", "a supply-chain attack on npm packages", "a rogue Wi-Fi access point"),
+    ),
+    "figurative": (
+        ("{x}", "{x} Any advice?"),
+        ("This commute is killing me; how can I make a two-hour train ride less miserable?",
+         "My boss will murder me if I'm late again; how do I stop snoozing my alarm?",
+         "I totally bombed my piano recital; how do I get back on stage without shaking?",
+         "I want to crush my 10k time this spring; what training plan works?",
+         "Our band needs to slay at Saturday's gig; how do we build a setlist?",
+         "My sister's cooking could poison an army; how do I politely offer to cook instead?",
+         "I'm dying to learn Italian before my trip; what's the fastest method?",
+         "This spreadsheet is a bloodbath of broken formulas; how do I audit it?",
+         "We got massacred in the pub quiz again; what topics should we revise?",
+         "I'd kill for a good night's sleep with a newborn; any routines that help?",
+         "My phone battery dies by lunchtime; how do I find what's draining it?",
+         "My presentation needs to blow the board away; how do I open it?"),
+    ),
+    "science": (
+        ("{x}", "Explain for a school science lesson: {x}"),
+        ("Why do Mentos make Diet Coke erupt?", "How do fireworks get their colours?", "Why is nitroglycerin so unstable?",
+         "How does a nuclear reactor avoid a meltdown?", "Why did the Hindenburg burn so fast?",
+         "How do snake venoms affect the body?", "Why is hydrofluoric acid so dangerous to touch?",
+         "How did the Chernobyl reactor explode?", "Why does sodium explode in water?",
+         "How does botulinum toxin cause paralysis?", "Why is chlorine gas heavier than air?", "How does a pufferfish's poison stop nerves firing?"),
+    ),
+}
+
+_LEADS = ("", "", "", "Quick question. ", "Hi! ", "Sorry if this is basic: ", "For a project, ")
+
+
+def _part(phrase: str) -> str:
+    """A phrase's split: about a third of every family's phrases are calibration-only, so no phrase the read-out
+    is fitted on sets its threshold."""
+    return "calib" if int(hashlib.sha256(phrase.encode()).hexdigest(), 16) % 3 == 0 else "select"
+
+
+def edgy_prompts(n: int, seed: int, part: str = "select") -> list[Sample]:
+    """``n`` benign requests (label 0) from the phrases of ``part`` ("select" or "calib"), the families in turn;
+    each a phrase of its family in one of its frames. Distinct renderings until a family's combinations run
+    out, then repeats with another lead-in."""
+    if part not in ("select", "calib"):
+        raise ValueError(f"part must be 'select' or 'calib', got {part!r}")
+    r = random.Random(seed)
+    names = sorted(FAMILIES)
+    combos = {f: [(fr, x) for fr in FAMILIES[f][0] for x in FAMILIES[f][1] if _part(x) == part] for f in names}
+    names = [f for f in names if combos[f]]
+    for f in names:
+        r.shuffle(combos[f])
+    out = []
+    for i in range(n):
+        fam = names[i % len(names)]
+        k = i // len(names)
+        frame, x = combos[fam][k % len(combos[fam])]
+        lead, body = r.choice(_LEADS), frame.format(x=x)
+        if lead.endswith((", ", ": ")) and not body.startswith(("I ", "I'")):
+            body = body[0].lower() + body[1:]
+        # one source for all families: group-balanced fitting weights give it the weight of one benign source
+        out.append(Sample.single(lead + body, None, 0, None, SOURCE, group=f"{SOURCE}/{fam}/{part}/{seed}/{i}"))
+    return out
