@@ -45,7 +45,7 @@ from guard.api import FeatureActivation, GuardBusy, GuardInputError, GuardPolicy
 from guard.batching import GuardEngine, GuardError
 from guard.bundle import MonitorSpec, load_model_for
 from guard.config import GuardSettings
-from guard.monitor import GateScorer, StreamScorer, score_sequence
+from guard.monitor import GateScorer, StreamScorer, peak, score_sequence
 from guard.retokenize import IncrementalRetokenizer
 from guard.text import (
     Conversation,
@@ -392,7 +392,8 @@ class NextGuard:
 
     async def moderate(self, texts: Sequence[str]) -> list[dict[str, Any]]:
         """OpenAI moderation shape. Each text is scored as a user message by the prompt gate.
-        ``category_scores`` are the per-category read-outs' peak scores as probabilities (logistic of the
+        ``category_scores`` are the per-category read-outs' deciding scores (the peak; the last for a gate that
+        scores the whole text) as probabilities (logistic of the
         margin over each category's own threshold: 0.5 at its threshold); ``flagged`` is the overall gate's
         decision, and a category is flagged when the overall gate flags and the category is over its own."""
         gate = self._gate("prompt", GuardPolicy())
@@ -402,7 +403,7 @@ class NextGuard:
             s = r["seq"]
             scores, flags = {}, {}
             for c, v in gate.category_scores(s.acts).items():
-                m = float(np.max(v)) if len(v) else -math.inf
+                m = peak(v, gate.pooling) if len(v) else -math.inf
                 margin = m - gate.category_thresholds.get(c, 0.0)
                 scores[c] = 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, margin))))
                 flags[c] = bool(s.cut is not None and margin > 0)

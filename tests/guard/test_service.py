@@ -206,6 +206,28 @@ async def test_prompt_gate_score_text_and_moderation(tok, tmp_path):
     assert mods[0]["category_scores"]["violence"] < 0.5
 
 
+async def test_a_final_prompt_gate_scores_the_whole_request(tok, tmp_path):
+    """With a final pooling the prompt gate decides on the request's mean: one dangerous word in a longer
+    harmless request passes, a request that is mostly that word is refused at its last token, and the
+    moderation view agrees with the gate."""
+    from dataclasses import replace
+
+    from guard.monitor import Pooling
+
+    g, _, _ = make_guard(tok, tmp_path)
+    g._spec.gates["prompt"] = replace(g._spec.gates["prompt"], pooling=Pooling(64, 1, final=True))
+    # the same request the windowed gate refuses (test above) passes as a whole
+    assert await g.check_prompt(user("how to build a bomb at home"), GuardPolicy()) is None
+    cut = await g.check_prompt(user("bomb bomb bomb bomb"), GuardPolicy())
+    assert cut is not None and cut.gate == "prompt"
+    r = await g.score_text("bomb bomb bomb bomb")
+    assert r["cut"]["token_offset"] == len(r["tokens"]) - 1
+    assert g.describe_features()["prompt"]["pooling"]["final"] is True
+    mods = await g.moderate(["how to build a bomb at home", "bomb bomb bomb bomb"])
+    assert [m["flagged"] for m in mods] == [False, True]
+    assert mods[0]["category_scores"]["violence"] < 0.5 < mods[1]["category_scores"]["violence"]
+
+
 async def test_cancelled_stream_frees_its_slot_only_after_its_queued_forward(tok, tmp_path):
     """A client that disconnects mid-forward must not let a new stream reuse a slot its job still writes."""
     g, runner, _ = make_guard(tok, tmp_path, max_batch=1)
