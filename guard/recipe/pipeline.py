@@ -148,6 +148,11 @@ STRUCTURED_RULE = ("fit negatives; calibration: each generated source held to th
 GENERATED_SOURCES = (STRUCTURED_SOURCE, EDGY_SOURCE)
 
 
+def _kind(source: str) -> str:
+    """A generated source's short name in reports ("generated/edgy" -> "edgy")."""
+    return source.rsplit("/", 1)[-1]
+
+
 def is_benign_traffic(s: Sample) -> bool:
     """Benign requests and the served model's answers to them: what the budget is spent on."""
     if s.label:
@@ -221,8 +226,7 @@ def fit_gate(gate: str, td_sel: TokenData, sel: list[Sample], td_cal: TokenData,
     op["budget"] = budget
     op.update(family_budget_record(sc, ycal, cal, bt, thr, budget, cfg.min_family_samples))
     for g, scores in own.items():
-        key = "structured_flagged" if g == STRUCTURED_SOURCE else f"{g.rsplit('/', 1)[-1]}_flagged"
-        op[key] = float(np.mean(np.asarray(scores) > thr))
+        op[f"{_kind(g)}_flagged"] = float(np.mean(np.asarray(scores) > thr))
     cats: dict[str, Head] = {}
     cat_thr: dict[str, float] = {}
     safe = [i for i, s in enumerate(sel) if not s.label]
@@ -317,7 +321,7 @@ def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_c
         for g in GENERATED_SOURCES:
             n_fit, n_cal = (sum(s.source.startswith(g) for s in part) for part in (extra.sel, extra.cal))
             if n_fit or n_cal:
-                report[f"{g.rsplit('/', 1)[-1]}_negatives"] = {"fit": n_fit, "calibration": n_cal}
+                report[f"{_kind(g)}_negatives"] = {"fit": n_fit, "calibration": n_cal}
     for gate in GATES:
         budget = cfg.budget_prompt if gate == "prompt" else cfg.budget_response
         grid_of = cfg.prompt_head_grid if gate == "prompt" else cfg.response_head_grid
