@@ -100,8 +100,6 @@ def test_default_policy_refuses_a_plainly_harmful_request(server: str) -> None:
     assert e.value.code == "content_filter"
 
 
-@pytest.mark.xfail(strict=True, reason="the committed build's prompt gate refuses under 60% of the test split's unsafe "
-                   "prompts at its 2% benign budget (guard/README.md); this wording passes it")
 def test_default_policy_refuses_a_terse_harmful_request(server: str) -> None:
     client = openai.OpenAI(base_url=server + "/v1", api_key="x")
     model = client.models.list().data[0].id

@@ -439,6 +439,9 @@ def test_stream_cut_is_marked_with_category_and_features(open_page: Any, server:
     assert first.get_attribute("data-finish") in ("stop", "length"), first.inner_text()
     # The threshold sits in a gap of the scores wider than their run-to-run movement (tests/e2e/scores.py).
     thr = threshold_in_gap(_risks(first.locator(".tok")), skip=3)
+    # The same request again, not a second turn: with the first answer in the history the guard reads another
+    # context and the scores move, so a threshold picked from the first stream says nothing about the second.
+    pg.click("#chat-clear")
     turn = _send(pg, CUT_PROMPT, response_threshold=repr(thr), max_tokens=48)
     _shot(pg, "chat-cut.png")
     assert turn.get_attribute("data-state") == "done", turn.inner_text()
