@@ -48,11 +48,15 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 async def _one(
-    client: httpx.AsyncClient, url: str, model: str, max_tokens: int, stats: RunStats, i: int, guard: bool, tag: str
+    client: httpx.AsyncClient, url: str, model: str, max_tokens: int, stats: RunStats, i: int, guard: bool, tag: str,
+    system: str | None = None,
 ) -> None:
+    messages = [{"role": "user", "content": f"Write a short story about a lighthouse keeper, number {i}."}]
+    if system:
+        messages.insert(0, {"role": "system", "content": system})
     body: dict[str, Any] = {
         "model": model,
-        "messages": [{"role": "user", "content": f"Write a short story about a lighthouse keeper, number {i}."}],
+        "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0.8,
         "seed": i,
@@ -112,14 +116,15 @@ async def _one(
                             "finish_reason": finish, "safety": safety})
 
 
-async def _round(base: str, model: str, n_requests: int, concurrency: int, max_tokens: int, guard: bool, tag: str) -> RunStats:
+async def _round(base: str, model: str, n_requests: int, concurrency: int, max_tokens: int, guard: bool, tag: str,
+                 system: str | None = None) -> RunStats:
     stats = RunStats()
     sem = asyncio.Semaphore(concurrency)
     url = base + "/v1/chat/completions"
     async with httpx.AsyncClient(timeout=600) as client:
         async def task(i: int) -> None:
             async with sem:
-                await _one(client, url, model, max_tokens, stats, i, guard, tag)
+                await _one(client, url, model, max_tokens, stats, i, guard, tag, system)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(task(i) for i in range(n_requests)))
@@ -216,13 +221,15 @@ def main(args: argparse.Namespace) -> int:
         guard = args.guard == "on"
         # warm-up both (first requests pay one-time costs)
         for base, tag in ((vbase, "vllm"), (gbase, "gateway")):
-            asyncio.run(_round(base, name, args.concurrency, args.concurrency, 8, guard, tag))
+            asyncio.run(_round(base, name, args.concurrency, args.concurrency, 8, guard, tag, args.system))
         rounds = max(2, args.rounds)
         per = max(1, args.requests // rounds)
         v_runs, g_runs = [], []
         for _ in range(rounds):
-            v_runs.append(asyncio.run(_round(vbase, name, per, args.concurrency, args.max_tokens, guard, "vllm")))
-            g_runs.append(asyncio.run(_round(gbase, name, per, args.concurrency, args.max_tokens, guard, "gateway")))
+            v_runs.append(asyncio.run(_round(vbase, name, per, args.concurrency, args.max_tokens, guard, "vllm",
+                                             args.system)))
+            g_runs.append(asyncio.run(_round(gbase, name, per, args.concurrency, args.max_tokens, guard, "gateway",
+                                             args.system)))
     vm, gm = _merge(v_runs), _merge(g_runs)
     v, g = _summ(vm), _summ(gm)
     report = {
@@ -231,6 +238,7 @@ def main(args: argparse.Namespace) -> int:
         "requests_per_server": per * rounds,
         "max_tokens": args.max_tokens,
         "guard": args.guard,
+        "system": args.system,
         "vllm": v,
         "gateway": g,
         "tokens_per_s_ratio": g["tokens_per_s"] / v["tokens_per_s"] if v["tokens_per_s"] else None,

@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--model", default=None)
     bs.add_argument("--guard", choices=["off", "on"], default="off")
     bs.add_argument("--rounds", type=int, default=4, help="alternating rounds per server")
+    bs.add_argument("--system", default=None,
+                    help="a system message sent with every request (both servers): the guard then also reads the "
+                         "user's message alone")
     bs.add_argument("--out", default=None, help="write the full report JSON here")
     bs.set_defaults(func=_bench_serve)
 

@@ -39,7 +39,7 @@ from guard.monitor import GateScorer, score_sequence
 from guard.recipe import calibration as C
 from guard.recipe.encode import guard_tokens
 from guard.recipe.sources import Sample, data_hash
-from guard.text import Conversation, user
+from guard.text import Conversation, prompt_views, user
 
 log = logging.getLogger(__name__)
 WITHIN = (16, 32, 128)
@@ -111,6 +111,27 @@ def score_rows(rows: Sequence[Any], samples: Sequence[Sample], spec: MonitorSpec
         acts = spec.encoder.encode(resid).numpy()
         seq = score_sequence(gates[s.gate], acts, resid.norm(dim=-1).numpy(), span, norm_ratio=norm_ratio)
         out.append(Scored(seq.c, seq.cut, seq.score, span[1] - span[0], onset))
+    return out
+
+
+def with_prompt_views(model: Any, tok: Any, layer: int, samples: Sequence[Sample], scored: Sequence[Scored],
+                      spec: MonitorSpec, gate: GateScorer, norm_ratio: float = 10.0) -> list[Scored]:
+    """The prompt gate as served: a prompt sample is refused where its conversation or any of its views
+    (:func:`guard.text.prompt_views`) crosses, at the conversation's last token; its score is the highest."""
+    idx, views = [], []
+    for i, s in enumerate(samples):
+        if s.gate == "prompt":
+            for view in prompt_views(s.conv):
+                idx.append(i)
+                views.append(replace(s, conv=view))
+    out = list(scored)
+    if not views:
+        return out
+    vs = score_rows(residual_rows(model, tok, layer, views), views, spec, {"prompt": gate}, norm_ratio)
+    for i, v in zip(idx, vs, strict=True):
+        x = out[i]
+        cut = x.cut if x.cut is not None else (x.n_tokens - 1 if v.cut is not None else None)
+        out[i] = replace(x, cut=cut, score=max(x.score, v.score))
     return out
 
 
@@ -307,13 +328,14 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
         spec = MonitorSpec.load(art / "monitors" / name, name)
         rows = residual_rows(model, tok, layer, test)
         chosen = {g: spec.scorer(g) for g in ("prompt", "response")}
-        sc = score_rows(rows, test, spec, chosen)
+        sc = with_prompt_views(model, tok, layer, test, score_rows(rows, test, spec, chosen), spec, chosen["prompt"])
         r: dict[str, Any] = {"test": gate_metrics(test, sc)}
         if spec.reference:
             ref_gates = {g: spec.reference_scorer(g) for g in ("prompt", "response")}
             r["reference_rule"] = gate_metrics(test, score_rows(rows, test, spec, ref_gates))
         extra = everyday + sensitive + structured + fresh + dilution
-        ex = score_rows(residual_rows(model, tok, layer, extra), extra, spec, chosen)
+        ex = with_prompt_views(model, tok, layer, extra, score_rows(residual_rows(model, tok, layer, extra), extra, spec,
+                                                                    chosen), spec, chosen["prompt"])
         cut = [x.cut is not None for x in ex]
         r["everyday_prompts_flagged"] = float(np.mean(cut[: len(everyday)]))
         r["sensitive_prompts_flagged"] = float(np.mean(cut[len(everyday): len(everyday) + len(sensitive)]))

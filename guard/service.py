@@ -53,6 +53,7 @@ from guard.text import (
     ResponseFeed,
     conversation_text,
     prompt_text,
+    prompt_views,
     response_context,
     response_text,
     split_carry,
@@ -362,7 +363,10 @@ class NextGuard:
             return None
         gate = self._gate("prompt", policy)
         try:
-            r = await self._score_text(prompt_text(conversation), gate)
+            # the whole conversation and each view, in one guard step (the engine batches pending forwards)
+            views = prompt_views(conversation) if self.settings.prompt_views else []
+            texts = [prompt_text(conversation)] + [prompt_text(v) for v in views]
+            rs = await asyncio.gather(*(self._score_text(t, gate) for t in texts))
         except (GuardBusy, GuardInputError):
             raise           # not a guard fault: the caller answers 503 (retry) or 400 (the input)
         except Exception as e:
@@ -370,9 +374,19 @@ class NextGuard:
                 return self._error_cut("prompt", 0, e)
             report_fail_open("prompt", 0, e)
             return None
-        info = self._cut_info(r, gate)
+        info = self._cut_info(rs[0], gate)
         if info is None:
-            return None
+            crossed = [r for r in rs[1:] if r["seq"].cut is not None]
+            if not crossed:
+                return None
+            # A view decided: its category and features, at the end of the prompt (offsets inside a view would
+            # point into a text the client never sent).
+            view = max(crossed, key=lambda r: float(r["seq"].c[r["seq"].cut]))
+            info = self._cut_info(view, gate)
+            assert info is not None
+            whole, last = rs[0], rs[0]["span"][1] - 1
+            info["token_offset"] = int(last - whole["span"][0])
+            info["char_offset"] = int(max(whole["offs"][last][0], whole["gt"].char_start) - whole["gt"].char_start)
         return self._cut(info["category"], info["features"], info["score"], gate.threshold, info["token_offset"],
                          "prompt", info["char_offset"], policy)
 

@@ -70,6 +70,31 @@ def prompt_text(conv: Conversation) -> GuardText:
     return GuardText(text, min(start, len(text)), len(text))
 
 
+def prompt_views(conv: Conversation) -> list[Conversation]:
+    """The further texts the prompt gate scores beside the whole conversation; it refuses if any crosses.
+
+    The gate reads a request as one mean over its tokens, so words around an unsafe request thin it out: a
+    long system message, a benign instruction in front of a tool result or a prefilled answer that carries the
+    request, a request split over turns. Each message of the current request (the last user message and all
+    that follow it: tool results, an assistant prefill) is therefore scored alone as a user turn, and, where
+    the user spoke more than once, all user messages joined as one. Earlier turns are not scored alone: they
+    were requests of their own, and an earlier answer was the model's. Views equal to the conversation, or to
+    one another, are dropped, so a single user message costs nothing more."""
+    last_user = max((i for i, (r, _) in enumerate(conv) if r == "user"), default=0)
+    views: list[Conversation] = []
+    for role, text in conv[last_user:]:
+        if role in ("user", "tool", "assistant") and text.strip():
+            views.append(user(text))
+    users = [t for r, t in conv if r == "user" and t.strip()]
+    if len(users) > 1:
+        views.append(user("\n".join(users)))
+    out: list[Conversation] = []
+    for v in views:
+        if v != conv and v not in out:
+            out.append(v)
+    return out
+
+
 def split_carry(conv: Conversation) -> tuple[Conversation, str]:
     """A conversation that ends inside an assistant answer (an assistant turn last, after at least one other):
     the turns before it, and that answer, which the response gate reads as the start of the response."""

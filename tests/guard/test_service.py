@@ -9,7 +9,7 @@ import pytest
 
 from guard.api import GuardPolicy, SafetyCut, StreamGuard
 from guard.retokenize import IncrementalRetokenizer
-from guard.text import response_context, user
+from guard.text import prompt_views, response_context, user
 from inference.types import TokenDelta
 from tests.guard.conftest import FakeRunner, make_guard
 
@@ -226,6 +226,37 @@ async def test_a_final_prompt_gate_scores_the_whole_request(tok, tmp_path):
     mods = await g.moderate(["how to build a bomb at home", "bomb bomb bomb bomb"])
     assert [m["flagged"] for m in mods] == [False, True]
     assert mods[0]["category_scores"]["violence"] < 0.5 < mods[1]["category_scores"]["violence"]
+
+
+@pytest.mark.parametrize("conv", [
+    (("system", "You are a helpful assistant. Answer briefly, politely and in plain words."), ("user", "bomb bomb bomb")),
+    (("user", "Summarise what the search tool returned for me please."), ("tool", "bomb bomb bomb")),
+    (("user", "Continue where you left off in the text below."), ("assistant", "bomb bomb bomb")),
+    (("user", "bomb and then"), ("user", "bomb bomb")),
+], ids=["system", "tool", "prefill", "split"])
+async def test_a_final_prompt_gate_reads_the_request_apart_from_what_thins_it(tok, tmp_path, conv):
+    """Words around an unsafe request lower a whole-request mean; the gate also scores the request's own
+    messages (and the user's messages joined), so each form is refused, at the end of the prompt. Without
+    the views the same conversations pass: the views, not the whole, decide."""
+    from dataclasses import replace
+
+    from guard.monitor import Pooling
+
+    for views in (True, False):
+        g, _, _ = make_guard(tok, tmp_path, prompt_views=views)
+        g._spec.gates["prompt"] = replace(g._spec.gates["prompt"], pooling=Pooling(64, 1, final=True))
+        assert await g.check_prompt(user("bomb bomb bomb"), GuardPolicy()) is not None
+        cut = await g.check_prompt(conv, GuardPolicy())
+        if not views:
+            assert cut is None
+            continue
+        assert cut is not None and cut.gate == "prompt" and cut.category == "violence"
+        r = await g.score_text(conv)
+        assert cut.token_offset == len(r["tokens"]) - 1
+        # a harmless conversation of the same shapes stays harmless under its views
+        harmless = tuple((role, "tell me a story about a cat") if role != "system" else (role, text)
+                         for role, text in conv)
+        assert await g.check_prompt(harmless, GuardPolicy()) is None
 
 
 async def test_cancelled_stream_frees_its_slot_only_after_its_queued_forward(tok, tmp_path):
@@ -594,4 +625,8 @@ async def test_a_continued_answer_is_not_shared_with_the_prompt_gate(tok, tmp_pa
     conv = (("user", "tell me a story"), ("assistant", "once upon a time"))
     g, runner, _ = make_guard(tok, tmp_path)
     cut, allocs = await _prompt_gate_beside_a_stream(g, runner, conv)
-    assert cut is None and allocs == 2 and g._contexts == {}
+    # The stream's slot and the gate's own forward of the conversation. Of the gate's two views, the user's
+    # message alone is the text the stream's context starts with, so its rows are shared; the carried answer
+    # alone is forwarded in a slot of its own.
+    assert prompt_views(conv) == [user("tell me a story"), user("once upon a time")]
+    assert cut is None and allocs == 3 and g._contexts == {}

@@ -12,7 +12,14 @@ import pytest
 from guard.api import GuardPolicy
 from guard.recipe.encode import guard_input
 from guard.recipe.sources import Sample
-from guard.text import ResponseFeed, conversation_text, prompt_text, response_context, response_text
+from guard.text import (
+    ResponseFeed,
+    conversation_text,
+    prompt_text,
+    prompt_views,
+    response_context,
+    response_text,
+)
 from inference.types import TokenDelta
 from tests.guard.conftest import make_guard
 
@@ -68,10 +75,14 @@ async def test_build_score_endpoint_and_stream_read_the_same_tokens(tok, tmp_pat
     assert tok.decode(build_ids[build_span[0]:build_span[1]]).strip() == response.strip()
 
     # the prompt gate and the build's prompt samples
+    n = len(runner.events)
     await g.check_prompt(conv, GuardPolicy())
-    slot = runner.events[-1][1]
-    assert runner.fed[slot] == guard_input(tok, Sample(conv, None, 0, None, "test"))[0]
-    assert runner.fed[slot] == tok(prompt_text(conv).text, add_special_tokens=False)["input_ids"]
+    # the gate read the whole conversation as the build reads a prompt sample, and each of its views the same
+    # way, one text per slot (the views are forwarded concurrently, so which slot got which is not fixed)
+    fed = sorted(runner.fed[s] for e, s in runner.events[n:] if e == "alloc")
+    texts = [conv, *prompt_views(conv)]
+    assert fed == sorted(guard_input(tok, Sample(c, None, 0, None, "test"))[0] for c in texts)
+    assert fed == sorted(tok(prompt_text(c).text, add_special_tokens=False)["input_ids"] for c in texts)
 
     # /v1/guard/score (the service's whole-text scorer)
     r = await g.score_text(conv, response)
@@ -84,3 +95,17 @@ async def test_build_score_endpoint_and_stream_read_the_same_tokens(tok, tmp_pat
     assert "".join(d.text for d in out) == response
     slot = [s for e, s in runner.events if e == "alloc"][-1]
     assert runner.fed[slot] == build_ids
+
+
+def test_prompt_views_are_the_current_requests_messages_alone_and_the_user_joined():
+    from guard.text import user
+
+    assert prompt_views(user("hello")) == []                   # one user message: nothing more to score
+    assert prompt_views((("system", "be brief"), ("user", "hi"))) == [user("hi")]
+    conv = (("user", "first ask"), ("assistant", "an answer"), ("user", "look this up"), ("tool", "the result"))
+    # earlier turns are not scored alone; the tool result is, and the user's two messages joined
+    assert prompt_views(conv) == [user("look this up"), user("the result"), user("first ask\nlook this up")]
+    prefill = (("user", "go on"), ("assistant", "the answer so far"))
+    assert prompt_views(prefill) == [user("go on"), user("the answer so far")]
+    # the same text twice, or blank messages, are one view and none
+    assert prompt_views((("user", "a"), ("user", "a"), ("tool", " "))) == [user("a"), user("a\na")]
