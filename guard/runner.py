@@ -135,13 +135,25 @@ class SlotRunner:
     # -- the forward ------------------------------------------------------------------------------
     def step(self, batch: Sequence[tuple[int, Sequence[int]]]) -> list[Any]:
         """Feed new tokens to several slots at once; returns per slot the (n_new, d_model) residual
-        after layer ``self.layer`` (float32, CPU)."""
+        after layer ``self.layer`` (float32, CPU).
+
+        Rows are padded to the longest in a forward, so rows of very different lengths (a new request's
+        context beside streams decoding one token each, a short text beside a long one) run as separate
+        forwards of similar lengths: without it, one 100-token context makes every 1-token row of its step
+        cost 100 tokens."""
+        rows = [(s, list(ids)) for s, ids in batch if len(ids)]
+        if not rows:
+            return []
+        out: list[Any] = [None] * len(rows)
+        for group in _length_groups([len(ids) for _, ids in rows]):
+            for i, o in zip(group, self._step_padded([rows[i] for i in group]), strict=True):
+                out[i] = o
+        return out
+
+    def _step_padded(self, batch: list[tuple[int, list[int]]]) -> list[Any]:
         import torch
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-        batch = [(s, list(ids)) for s, ids in batch if len(ids)]
-        if not batch:
-            return []
         B = len(batch)
         ns = [len(ids) for _, ids in batch]
         Q = max(ns)
@@ -195,6 +207,19 @@ class SlotRunner:
             self.slots[s].length += n
         xf = x.float().cpu()
         return [xf[b, :n] for b, n in enumerate(ns)]
+
+
+def _length_groups(ns: Sequence[int], waste: float = 2.0) -> list[list[int]]:
+    """Indices of ``ns`` grouped so that, in each group, the longest row is at most ``waste`` times the
+    shortest (padded tokens stay below half of a group's forward)."""
+    order = sorted(range(len(ns)), key=lambda i: ns[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and ns[i] <= waste * ns[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 class HFRunner:

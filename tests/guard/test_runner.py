@@ -105,3 +105,15 @@ def test_truncated_tokens_are_forgotten(kind):
     torch.testing.assert_close(torch.cat([first[1], nxt[1]]), _hf_resid(model, [7, 7, 8], 2), atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError):
         r.truncate(a, 7)
+
+
+def test_rows_of_very_different_lengths_run_in_separate_forwards():
+    """A long context beside 1-token decode rows is not padded onto them: each group's longest row is at
+    most twice its shortest, and every row is in exactly one group."""
+    from guard.runner import _length_groups
+
+    ns = [1, 90, 1, 1, 20, 2, 88, 3, 1]
+    groups = _length_groups(ns)
+    assert sorted(i for g in groups for i in g) == list(range(len(ns)))
+    assert all(max(ns[i] for i in g) <= 2 * min(ns[i] for i in g) for g in groups)
+    assert sorted(sorted(ns[i] for i in g) for g in groups) == [[1, 1, 1, 1, 2], [3], [20], [88, 90]]
