@@ -26,6 +26,58 @@ class _Job:
     provisional: int = 0           # the last ids are forgotten by the slot once they are read
 
 
+def _rows(out: Any, a: int, b: int) -> Any:
+    """Rows a..b of one slot's output: the residual, or the read-out's tuple of arrays."""
+    return tuple(x[a:b].copy() for x in out) if isinstance(out, tuple) else out[a:b].clone()
+
+
+def _cat(head: Any, tail: Any) -> Any:
+    if isinstance(head, tuple):
+        import numpy as np
+
+        return tuple(np.concatenate([h, t]) for h, t in zip(head, tail, strict=True))
+    import torch
+
+    return torch.cat([head, tail])
+
+
+class PrefixCache:
+    """The keys, values and outputs of recent first forwards of a slot (a conversation's start), so a slot
+    whose first forward begins with the same tokens — every request of a deployment usually opens with the
+    same system message — copies them instead of computing them again. Used only in the guard's thread."""
+
+    def __init__(self, size: int, min_tokens: int = 16, max_tokens: int = 1024) -> None:
+        self.size, self.min_tokens, self.max_tokens = size, min_tokens, max_tokens
+        self.entries: collections.OrderedDict[tuple[int, ...], tuple[Any, Any]] = collections.OrderedDict()
+        self.hits = 0
+        self.tokens_reused = 0
+
+    def lookup(self, ids: Sequence[int]) -> tuple[int, Any, Any] | None:
+        """The longest cached start of ``ids`` (at least ``min_tokens``, one token short of all of them, so a
+        forward always computes something): (its length, keys and values, output rows)."""
+        best: tuple[int, tuple[int, ...]] | None = None
+        for key in self.entries:
+            n = min(len(key), len(ids) - 1)
+            c = next((i for i in range(n) if key[i] != ids[i]), n)
+            if c >= self.min_tokens and (best is None or c > best[0]):
+                best = (c, key)
+        if best is None:
+            return None
+        c, key = best
+        self.entries.move_to_end(key)
+        kv, out = self.entries[key]
+        self.hits += 1
+        self.tokens_reused += c
+        return c, kv, out
+
+    def store(self, ids: Sequence[int], kv: Any, out: Any) -> None:
+        key = tuple(ids[: self.max_tokens])
+        self.entries[key] = (kv, out)
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+
+
 class GuardEngine:
     """Owns the runner; merges all pending work into one forward per step (one thread, in order).
 
@@ -35,10 +87,13 @@ class GuardEngine:
     rows for its tokens (a tuple of arrays, each sliced the same way) instead of the residual."""
 
     def __init__(self, runner: Any, max_batch: int, threads: int = 1,
-                 readout: Callable[[Any], tuple[Any, ...]] | None = None) -> None:
+                 readout: Callable[[Any], tuple[Any, ...]] | None = None, prefix_cache: int = 0) -> None:
         self.runner = runner
         self.max_batch = max_batch
         self.readout = readout
+        # only runners that can copy a slot's start take part (the HF fallback cannot)
+        self.prefix = (PrefixCache(prefix_cache) if prefix_cache > 0 and hasattr(runner, "import_prefix")
+                       else None)
         self._threads = threads
         self._queue: asyncio.Queue[_Job] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -207,22 +262,42 @@ class GuardEngine:
 
     def _step(self, batch: list[tuple[int, list[int]]], drop: dict[int, int] | None = None) -> list[Any]:
         """The runner's step (then each slot forgets its provisional tokens), then (with a readout) one
-        read-out over every row, split back per slot."""
-        outs = self.runner.step(batch)
-        for s, n in (drop or {}).items():
+        read-out over every row, split back per slot. A slot's first forward starts from the prefix cache
+        where a cached conversation start matches, and is cached in turn."""
+        drop = drop or {}
+        first = {s for s, ids in batch if self.prefix is not None and ids and not drop.get(s)
+                 and self.runner.length(s) == 0}
+        reused: dict[int, tuple[int, Any]] = {}
+        run = []
+        for s, ids in batch:
+            if s in first and self.prefix is not None and (hit := self.prefix.lookup(ids)) is not None:
+                c, kv, out = hit
+                self.runner.import_prefix(s, kv, c)
+                reused[s] = (c, out)
+                ids = ids[c:]
+            run.append((s, ids))
+        outs = list(self.runner.step(run))
+        for s, n in drop.items():
             self.runner.truncate(s, n)
-        if self.readout is None or not outs:
-            return list(outs)
-        import torch
+        if self.readout is not None and outs:
+            import torch
 
-        arrays = self.readout(torch.cat(list(outs), dim=0))
-        split: list[Any] = []
-        k = 0
-        for out in outs:
-            n = int(out.shape[0])
-            split.append(tuple(a[k:k + n] for a in arrays))
-            k += n
-        return split
+            arrays = self.readout(torch.cat(outs, dim=0))
+            split: list[Any] = []
+            k = 0
+            for out in outs:
+                n = int(out.shape[0])
+                split.append(tuple(a[k:k + n] for a in arrays))
+                k += n
+            outs = split
+        for i, (s, ids) in enumerate(batch):
+            if s in reused:
+                c, head = reused[s]
+                outs[i] = _cat(_rows(head, 0, c), outs[i])
+            if s in first and self.prefix is not None and len(ids) >= self.prefix.min_tokens:
+                m = min(len(ids), self.prefix.max_tokens)
+                self.prefix.store(ids, self.runner.export_prefix(s, m), _rows(outs[i], 0, m))
+        return outs
 
     async def close(self) -> None:
         if self._task is not None:

@@ -49,11 +49,16 @@ class GuardSettings(BaseModel):
     norm_ratio: float = Field(default=10.0, gt=1.0, description="Causal norm filter: drop tokens above ratio x median.")
     threads: int = Field(default=1, ge=1, description="torch threads of the guard's executor.")
     prompt_gate: bool = Field(default=True, description="Score the prompt before generation (HTTP 400 on a hit).")
+    prefix_cache: int = Field(
+        default=4, ge=0, le=64,
+        description="Conversation starts whose guard keys, values and scores are kept, so a request opening with "
+                    "the same tokens (a deployment's system message) does not forward them again; 0 turns it off.",
+    )
     prompt_views: bool = Field(
         default=True,
-        description="Besides the whole conversation, score each message of the current request alone and the "
-                    "user's messages joined (refuse if any crosses), so a system message, a tool result's "
-                    "framing or a split request cannot thin an unsafe request out.",
+        description="Besides the whole conversation, score each user message, tool result and prefill alone "
+                    "(the latest 8) and the user messages and tool results joined (refuse if any crosses), so a "
+                    "system message, a tool result's framing or a split request cannot thin an unsafe request out.",
     )
 
     @model_validator(mode="after")

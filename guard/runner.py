@@ -117,6 +117,23 @@ class SlotRunner:
     def n_active(self) -> int:
         return sum(s.active for s in self.slots)
 
+    def export_prefix(self, slot: int, n: int) -> list[tuple[Any, Any]]:
+        """A copy of the keys and values of the slot's first ``n`` tokens, per layer."""
+        if not 0 < n <= self.slots[slot].length:
+            raise ValueError(f"slot {slot} holds {self.slots[slot].length} tokens, not {n}")
+        return [(k[slot, :, :n].clone(), v[slot, :, :n].clone()) for k, v in zip(self.k, self.v, strict=True)]
+
+    def import_prefix(self, slot: int, kv: list[tuple[Any, Any]], n: int) -> None:
+        """Start an empty slot with the first ``n`` tokens of an exported prefix: the model is causal, so
+        their keys and values are the same whatever follows them."""
+        if self.slots[slot].length:
+            raise ValueError(f"slot {slot} is not empty")
+        self._grow(n)
+        for li, (k, v) in enumerate(kv):
+            self.k[li][slot, :, :n] = k[:, :n]
+            self.v[li][slot, :, :n] = v[:, :n]
+        self.slots[slot].length = n
+
     def _grow(self, need: int) -> None:
         import torch
 

@@ -208,7 +208,7 @@ class NextGuard:
             self._spec = MonitorSpec.load(Path(s.artifacts_dir) / "monitors" / s.monitored, s.monitored)
         assert self._layer is not None
         runner = make_runner(self._model, self._layer, max_slots=s.max_batch, max_len=s.max_len)
-        self._engine = GuardEngine(runner, s.max_batch, s.threads, readout=self.readout)
+        self._engine = GuardEngine(runner, s.max_batch, s.threads, readout=self.readout, prefix_cache=s.prefix_cache)
         return self
 
     def readout(self, resid: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -70,24 +70,28 @@ def prompt_text(conv: Conversation) -> GuardText:
     return GuardText(text, min(start, len(text)), len(text))
 
 
-def prompt_views(conv: Conversation) -> list[Conversation]:
+MAX_PROMPT_VIEWS = 8
+
+
+def prompt_views(conv: Conversation, max_views: int = MAX_PROMPT_VIEWS) -> list[Conversation]:
     """The further texts the prompt gate scores beside the whole conversation; it refuses if any crosses.
 
     The gate reads a request as one mean over its tokens, so words around an unsafe request thin it out: a
     long system message, a benign instruction in front of a tool result or a prefilled answer that carries the
-    request, a request split over turns. Each message of the current request (the last user message and all
-    that follow it: tool results, an assistant prefill) is therefore scored alone as a user turn, and, where
-    the user spoke more than once, all user messages joined as one. Earlier turns are not scored alone: they
-    were requests of their own, and an earlier answer was the model's. Views equal to the conversation, or to
-    one another, are dropped, so a single user message costs nothing more."""
-    last_user = max((i for i, (r, _) in enumerate(conv) if r == "user"), default=0)
-    views: list[Conversation] = []
-    for role, text in conv[last_user:]:
-        if role in ("user", "tool", "assistant") and text.strip():
-            views.append(user(text))
-    users = [t for r, t in conv if r == "user" and t.strip()]
-    if len(users) > 1:
-        views.append(user("\n".join(users)))
+    request, a request split over turns. So each user message and tool result is scored alone as a user turn
+    (a client writes the whole history, earlier turns included), as is an assistant turn last (a prefill);
+    and, where there are several, the user messages and tool results joined as one. Earlier assistant turns
+    are not: the response gate reads what the model makes of them. At most ``max_views`` messages are scored
+    alone, the latest first, since each costs a guard forward; older ones are still in the joined view.
+    Views equal to the conversation, or to one another, are dropped, so a single user message costs nothing
+    more."""
+    said = [t for r, t in conv if r in ("user", "tool") and t.strip()]
+    alone = list(said)
+    if len(conv) > 1 and conv[-1][0] == "assistant" and conv[-1][1].strip():
+        alone.append(conv[-1][1])
+    views = [user(t) for t in alone[::-1][:max_views]][::-1]
+    if len(said) > 1:
+        views.append(user("\n".join(said)))
     out: list[Conversation] = []
     for v in views:
         if v != conv and v not in out:

@@ -117,3 +117,51 @@ def test_rows_of_very_different_lengths_run_in_separate_forwards():
     assert sorted(i for g in groups for i in g) == list(range(len(ns)))
     assert all(max(ns[i] for i in g) <= 2 * min(ns[i] for i in g) for g in groups)
     assert sorted(sorted(ns[i] for i in g) for g in groups) == [[1, 1, 1, 1, 2], [3], [20], [88, 90]]
+
+
+@pytest.mark.parametrize("readout", [False, True])
+async def test_a_conversation_start_seen_before_is_copied_not_recomputed(readout):
+    """A slot whose first forward starts with a cached start copies its keys, values and output rows: its
+    rows equal a full forward's, later steps read the copied keys correctly, and the runner computed only
+    the new tokens. A start shorter than the cache's minimum, or a different one, is computed in full."""
+    from guard.batching import GuardEngine
+
+    model = _tiny("llama")
+    L = 2
+    runner = SlotRunner(model, L, max_slots=4, init_len=8)
+    computed: list[int] = []
+    step = runner.step
+
+    def counting(batch):
+        computed.append(sum(len(ids) for _, ids in batch))
+        return step(batch)
+
+    runner.step = counting
+    # with a read-out the engine returns (and caches) its arrays instead of the residual
+    fn = (lambda r: (r.numpy(), r.norm(dim=-1).numpy())) if readout else None
+    eng = GuardEngine(runner, 4, prefix_cache=2, readout=fn)
+
+    def resid(x):
+        return torch.from_numpy(x[0]) if readout else x
+
+    g = torch.Generator().manual_seed(3)
+    system = torch.randint(0, 97, (30,), generator=g).tolist()
+    a = system + torch.randint(0, 97, (9,), generator=g).tolist()
+    b = system + torch.randint(0, 97, (6,), generator=g).tolist()
+    s0 = await eng.acquire()
+    await eng.forward(s0, a)
+    s1 = await eng.acquire()
+    rows = await eng.forward(s1, b)
+    more = await eng.forward(s1, [5, 7])                 # decoding on after the copied start
+    torch.testing.assert_close(torch.cat([resid(rows), resid(more)]), _hf_resid(model, b + [5, 7], L),
+                               atol=1e-4, rtol=1e-4)
+    if readout:
+        assert rows[1].shape == (len(b),)
+    assert computed == [len(a), len(b) - 30, 2]
+    assert eng.prefix is not None and eng.prefix.hits == 1 and eng.prefix.tokens_reused == 30
+    # a different start is computed in full
+    s2 = await eng.acquire()
+    other = torch.randint(0, 97, (20,), generator=g).tolist()
+    torch.testing.assert_close(resid(await eng.forward(s2, other)), _hf_resid(model, other, L), atol=1e-4, rtol=1e-4)
+    assert computed[-1] == 20
+    await eng.close()

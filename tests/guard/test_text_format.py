@@ -97,15 +97,21 @@ async def test_build_score_endpoint_and_stream_read_the_same_tokens(tok, tmp_pat
     assert runner.fed[slot] == build_ids
 
 
-def test_prompt_views_are_the_current_requests_messages_alone_and_the_user_joined():
-    from guard.text import user
+def test_prompt_views_are_each_message_alone_and_what_the_user_sent_joined():
+    from guard.text import prompt_views, user
 
     assert prompt_views(user("hello")) == []                   # one user message: nothing more to score
     assert prompt_views((("system", "be brief"), ("user", "hi"))) == [user("hi")]
     conv = (("user", "first ask"), ("assistant", "an answer"), ("user", "look this up"), ("tool", "the result"))
-    # earlier turns are not scored alone; the tool result is, and the user's two messages joined
-    assert prompt_views(conv) == [user("look this up"), user("the result"), user("first ask\nlook this up")]
+    # every user message and tool result alone (an earlier assistant answer is not), then all of them joined
+    assert prompt_views(conv) == [user("first ask"), user("look this up"), user("the result"),
+                                  user("first ask\nlook this up\nthe result")]
     prefill = (("user", "go on"), ("assistant", "the answer so far"))
     assert prompt_views(prefill) == [user("go on"), user("the answer so far")]
     # the same text twice, or blank messages, are one view and none
     assert prompt_views((("user", "a"), ("user", "a"), ("tool", " "))) == [user("a"), user("a\na")]
+    # past the cap, the latest messages are scored alone; the older ones only in the joined view
+    many = tuple(("user", f"message {i}") for i in range(12))
+    views = prompt_views(many, max_views=3)
+    assert views == [user("message 9"), user("message 10"), user("message 11"),
+                     user("\n".join(f"message {i}" for i in range(12)))]
