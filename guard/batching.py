@@ -26,19 +26,20 @@ class _Job:
     provisional: int = 0           # the last ids are forgotten by the slot once they are read
 
 
-def _rows(out: Any, a: int, b: int) -> Any:
-    """Rows a..b of one slot's output: the residual, or the read-out's tuple of arrays."""
-    return tuple(x[a:b].copy() for x in out) if isinstance(out, tuple) else out[a:b].clone()
+def _head(out: Any, n: int) -> Any:
+    """A copy of the first ``n`` rows of one slot's output: the residual, or the read-out's tuple of arrays."""
+    return tuple(x[:n].copy() for x in out) if isinstance(out, tuple) else out[:n].clone()
 
 
-def _cat(head: Any, tail: Any) -> Any:
+def _cat(head: Any, n: int, tail: Any) -> Any:
+    """The first ``n`` rows of ``head`` followed by ``tail``."""
     if isinstance(head, tuple):
         import numpy as np
 
-        return tuple(np.concatenate([h, t]) for h, t in zip(head, tail, strict=True))
+        return tuple(np.concatenate([h[:n], t]) for h, t in zip(head, tail, strict=True))
     import torch
 
-    return torch.cat([head, tail])
+    return torch.cat([head[:n], tail])
 
 
 class PrefixCache:
@@ -263,7 +264,7 @@ class GuardEngine:
     def _step(self, batch: list[tuple[int, list[int]]], drop: dict[int, int] | None = None) -> list[Any]:
         """The runner's step (then each slot forgets its provisional tokens), then (with a readout) one
         read-out over every row, split back per slot. A slot's first forward starts from the prefix cache
-        where a cached conversation start matches, and is cached in turn."""
+        where a cached conversation start matches, and is cached where none did."""
         drop = drop or {}
         first = {s for s, ids in batch if self.prefix is not None and ids and not drop.get(s)
                  and self.runner.length(s) == 0}
@@ -293,10 +294,12 @@ class GuardEngine:
         for i, (s, ids) in enumerate(batch):
             if s in reused:
                 c, head = reused[s]
-                outs[i] = _cat(_rows(head, 0, c), outs[i])
-            if s in first and self.prefix is not None and len(ids) >= self.prefix.min_tokens:
+                outs[i] = _cat(head, c, outs[i])
+            elif s in first and self.prefix is not None and len(ids) >= self.prefix.min_tokens:
+                # only a start the cache did not know is stored: a hit would store a near-copy of its entry
+                # and push other starts out
                 m = min(len(ids), self.prefix.max_tokens)
-                self.prefix.store(ids, self.runner.export_prefix(s, m), _rows(outs[i], 0, m))
+                self.prefix.store(ids, self.runner.export_prefix(s, m), _head(outs[i], m))
         return outs
 
     async def close(self) -> None:

@@ -86,10 +86,9 @@ def prompt_views(conv: Conversation, max_views: int = MAX_PROMPT_VIEWS) -> list[
     Views equal to the conversation, or to one another, are dropped, so a single user message costs nothing
     more."""
     said = [t for r, t in conv if r in ("user", "tool") and t.strip()]
-    alone = list(said)
-    if len(conv) > 1 and conv[-1][0] == "assistant" and conv[-1][1].strip():
-        alone.append(conv[-1][1])
-    views = [user(t) for t in alone[::-1][:max_views]][::-1]
+    prefill = split_carry(conv)[1]
+    alone = said + [prefill] if prefill else said
+    views = [user(t) for t in alone[max(0, len(alone) - max_views):]]
     if len(said) > 1:
         views.append(user("\n".join(said)))
     out: list[Conversation] = []
