@@ -51,6 +51,14 @@ def _build(args: argparse.Namespace) -> int:
     from guard.recipe.pipeline import PRESETS, build
 
     cfg = _apply(PRESETS[args.preset], _parse_overrides(args.set))
+    if args.prompt_gate_only:
+        from guard.recipe.prompt_gate import refit_prompt_gate
+
+        prov = refit_prompt_gate(args.out, base_model=args.base_model, preset=args.preset, work_dir=args.work_dir,
+                                 overrides={f.name: getattr(cfg, f.name) for f in fields(cfg)},
+                                 commit_stages=args.commit_stages)
+        sys.stdout.write(json.dumps(prov["prompt_refits"][-1], default=str) + "\n")
+        return 0
     prov = build(args.out, base_model=args.base_model, preset=args.preset, work_dir=args.work_dir,
                  overrides={f.name: getattr(cfg, f.name) for f in fields(cfg)}, dataset=args.dataset,
                  commit_stages=args.commit_stages)
@@ -146,6 +154,9 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     b.add_argument("--work-dir", default=None, help="stage outputs kept for resuming (default $NEXTGUARD_HOME/guard-build/<preset>)")
     b.add_argument("--commit-stages", action="store_true",
                    help="git-commit each finished stage's outputs (LoRA, SAEs, read-outs) so a cut build resumes elsewhere")
+    b.add_argument("--prompt-gate-only", action="store_true",
+                   help="refit only the prompt gate of the finished build in --out, from its own dataset (forwards the "
+                        "prompt samples alone; the safeguard, SAE, layer and response gate stay as built)")
     b.set_defaults(func=_build)
     r = gs.add_parser("refresh-data", help="regenerate one prompt family's rows of a dataset after its prompt list changed")
     r.add_argument("family", help="the prompt family (sensitive)")

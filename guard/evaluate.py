@@ -348,9 +348,15 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
             k += len(ss)
         # the freshly written sets and the dilution forms, served exactly as a request would be
         shares = {"everyday": r["everyday_prompts_flagged"]}
+        by_cat: dict[str, dict[str, float]] = {}
         for set_name, ss in fresh_sets.items():
-            shares[set_name] = float(np.mean(cut[k: k + len(ss)]))
+            f_cut = cut[k: k + len(ss)]
+            shares[set_name] = float(np.mean(f_cut))
+            for cat in sorted({s.category or "" for s in ss}):
+                by_cat.setdefault(set_name, {})[cat] = float(np.mean([x for s, x in zip(ss, f_cut, strict=True)
+                                                                      if (s.category or "") == cat]))
             k += len(ss)
+        r["fresh_refused_by_category"] = by_cat
         if fresh_sets:
             from guard.ladder import fresh_prompt_numbers
 
@@ -436,7 +442,7 @@ def _plots(out: Path, traces: dict[str, list[dict[str, Any]]]) -> None:
 def extra_prompt_sets() -> dict[str, list[Sample]]:
     """The prompt sets no build step reads (:data:`guard.eval_data.SETS`): everyday and sensitive prompts, the
     freshly written direct harmful and edgy-but-benign requests, and the pasted structured prompts."""
-    names = ("everyday", "sensitive", "fresh_harmful", "fresh_benign_edgy", *sorted(BLOCK_SETS))
+    names = ("everyday", "sensitive", "fresh_harmful", "fresh_harmful_b", "fresh_benign_edgy", *sorted(BLOCK_SETS))
     return {name: [Sample(user(t), None, SETS[name], c or None, f"eval/{name}", "eval") for c, t in load_eval_prompts(name)]
             for name in names}
 
@@ -489,7 +495,8 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
         PRESETS,
         default_work_dir,
         fit_gate,
-        generated_negatives,
+        generated_prompts,
+        has_generated,
         is_benign_traffic,
         reference_gate,
     )
@@ -542,23 +549,24 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
 
     spec = MonitorSpec.load(art / "monitors" / "lora", "lora")
     cfg = PRESETS[preset]
-    # the build's own settings for its generated negatives (a build from before they existed had none)
+    # the build's own settings for its generated prompts (a build from before they existed had none)
     bcfg = replace(cfg, structured_negatives=tuple(prov["config"].get("structured_negatives", (0, 0))),
-                   edgy_negatives=tuple(prov["config"].get("edgy_negatives", (0, 0))))
-    has_generated = bool(sum(bcfg.structured_negatives) + sum(bcfg.edgy_negatives))
+                   edgy_negatives=tuple(prov["config"].get("edgy_negatives", (0, 0))),
+                   direct_positives=tuple(prov["config"].get("direct_positives", (0, 0))))
+    with_generated = has_generated(bcfg)
 
     # the latents of the served response gate (overall, per category, reference rule), for a prompt read-out
     # that the build refitted over the monitor's latents
     response_latents = {i for h in [spec.gates["response"].overall, spec.reference["response"].overall,
                                     *spec.gates["response"].categories.values()] for i in h.ids}
 
-    # the generated negatives (structured, edgy) the build fitted and calibrated the prompt gate with, encoded
+    # the generated prompts (structured, edgy, direct) the build fitted and calibrated the prompt gate with, encoded
     # at each layer the ladder refits a read-out on
     gen: dict[int, Any] = {}
 
     def generated(layer: int) -> Any:
         if layer not in gen:
-            gen[layer] = generated_negatives(model, tok, saes[layer], layer, bcfg, work / "encoded" / f"ladder-L{layer}")
+            gen[layer] = generated_prompts(model, tok, saes[layer], layer, bcfg, work / "encoded" / f"ladder-L{layer}")
         return gen[layer]
 
     def fit_readout(gate: str, td_sel: Any, s_sel: list[Sample], td_cal: Any, s_cal: list[Sample],
@@ -568,7 +576,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
         hc = HeadConfig(**head_info) if head_info else cfg.head
         budget = cfg.budget_prompt if gate == "prompt" else cfg.budget_response
         refit = calib.get("refit_over") == "monitor_latents"
-        if gate == "prompt" and has_generated:
+        if gate == "prompt" and with_generated:
             ex = generated(served if layer is None else layer)
             td_sel, s_sel = td_sel.concat(ex.td_sel), s_sel + ex.sel
             td_cal, s_cal = td_cal.concat(ex.td_cal), s_cal + ex.cal

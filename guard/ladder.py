@@ -377,8 +377,8 @@ def loso(inp: LadderInputs, layer: int, min_select: int = 20, families: Sequence
 
 
 def fresh_prompt_numbers(flags: dict[str, float]) -> dict[str, float]:
-    """The prompt-gate targets on the freshly written sets: recall on direct harmful requests, edgy-but-benign
-    and everyday prompts refused, and the balanced accuracy of harmful vs all benign prompts."""
+    """The prompt-gate targets on the freshly written sets: recall on direct harmful requests (both sets),
+    edgy-but-benign and everyday prompts refused, and the balanced accuracy of harmful vs benign prompts."""
     h = flags.get("fresh_harmful")
     e = flags.get("fresh_benign_edgy")
     d = flags.get("everyday")
@@ -387,6 +387,11 @@ def fresh_prompt_numbers(flags: dict[str, float]) -> dict[str, float]:
         out["balanced_accuracy_vs_edgy"] = 0.5 * (h + 1.0 - e)
     if h is not None and d is not None:
         out["balanced_accuracy_vs_everyday"] = 0.5 * (h + 1.0 - d)
+    # the second harmful set, written after a recipe change made while watching the first
+    if (hb := flags.get("fresh_harmful_b")) is not None:
+        out["harmful_b_refused"] = hb
+        if e is not None:
+            out["balanced_accuracy_b_vs_edgy"] = 0.5 * (hb + 1.0 - e)
     return out
 
 

@@ -20,6 +20,7 @@ EVAL_DATA = Path(__file__).resolve().parent
 # request it should answer.
 SETS: dict[str, int] = {
     "fresh_harmful": 1,
+    "fresh_harmful_b": 1,
     "fresh_benign_edgy": 0,
     "everyday": 0,
     "sensitive": 0,

@@ -14,9 +14,7 @@ test checks on every rendered prompt.
 
 from __future__ import annotations
 
-import hashlib
-import random
-
+from guard.recipe.phrasebook import render_requests
 from guard.recipe.sources import Sample
 
 SOURCE = "generated/edgy"
@@ -167,35 +165,10 @@ FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
 }
 
-_LEADS = ("", "", "", "Quick question. ", "Hi! ", "Sorry if this is basic: ", "For a project, ")
-
-
-def _part(phrase: str) -> str:
-    """A phrase's split: about a third of every family's phrases are calibration-only, so no phrase the read-out
-    is fitted on sets its threshold."""
-    return "calib" if int(hashlib.sha256(phrase.encode()).hexdigest(), 16) % 3 == 0 else "select"
+LEADS = ("", "", "", "Quick question. ", "Hi! ", "Sorry if this is basic: ", "For a project, ")
 
 
 def edgy_prompts(n: int, seed: int, part: str = "select") -> list[Sample]:
-    """``n`` benign requests (label 0) from the phrases of ``part`` ("select" or "calib"), the families in turn;
-    each a phrase of its family in one of its frames. Distinct renderings until a family's combinations run
-    out, then repeats with another lead-in."""
-    if part not in ("select", "calib"):
-        raise ValueError(f"part must be 'select' or 'calib', got {part!r}")
-    r = random.Random(seed)
-    names = sorted(FAMILIES)
-    combos = {f: [(fr, x) for fr in FAMILIES[f][0] for x in FAMILIES[f][1] if _part(x) == part] for f in names}
-    names = [f for f in names if combos[f]]
-    for f in names:
-        r.shuffle(combos[f])
-    out = []
-    for i in range(n):
-        fam = names[i % len(names)]
-        k = i // len(names)
-        frame, x = combos[fam][k % len(combos[fam])]
-        lead, body = r.choice(_LEADS), frame.format(x=x)
-        if lead.endswith((", ", ": ")) and not body.startswith(("I ", "I'")):
-            body = body[0].lower() + body[1:]
-        # one source for all families: group-balanced fitting weights give it the weight of one benign source
-        out.append(Sample.single(lead + body, None, 0, None, SOURCE, group=f"{SOURCE}/{fam}/{part}/{seed}/{i}"))
-    return out
+    """``n`` benign requests (label 0) from the phrases of ``part`` ("select" or "calib"), the families in turn
+    (:func:`guard.recipe.phrasebook.render_requests`)."""
+    return render_requests(FAMILIES, LEADS, n, seed, part, label=0, source=SOURCE)

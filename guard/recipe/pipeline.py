@@ -19,6 +19,7 @@ import logging
 import platform
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from guard.bundle import GateSpec, MonitorSpec, write_manifest
 from guard.monitor import Head
 from guard.recipe import calibration as C
 from guard.recipe import data as DATA
+from guard.recipe.direct import SOURCE as DIRECT_SOURCE
 from guard.recipe.edgy import SOURCE as EDGY_SOURCE
 from guard.recipe.encode import TokenData
 from guard.recipe.sae import SAEConfig, sae_key_fields
@@ -91,6 +93,12 @@ class BuildConfig:
     # The dataset holds a few hundred benign-but-sensitive requests against thousands of harmful ones, and read-
     # outs fitted on that balance refused a third of a fresh edgy-but-benign set.
     edgy_negatives: tuple[int, int] = (560, 280)
+    # generated direct harmful requests (guard.recipe.direct) added to the prompt gate's positives: (fit,
+    # calibration). The registry sources ask in a benchmark register ("Write a tutorial on how to ..."); read-
+    # outs fitted on them alone passed a third of a fresh set of the same goals asked plainly. Off by default:
+    # at (480, 240) the gate refused more of both fresh harmful sets but also more of every benign held-out
+    # set (edgy, sensitive, everyday, pasted structured text), and the test split's balanced accuracy fell.
+    direct_positives: tuple[int, int] = (0, 0)
     response_head_grid: tuple[tuple[int, int, float, int], ...] = (
         (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128), (32, 8, 1e-3, 256))
     budget_prompt: float = 0.02      # share of benign prompts the prompt gate may refuse (calibration split)
@@ -132,7 +140,7 @@ SMOKE = BuildConfig(
                   eval_every=10, heldout_tokens=2_000),
     head=HeadConfig(window=4, min_count=2, max_latents=8, candidates=64, steps=20, refit_steps=10, max_density=0.5, min_samples=1),
     prompt_head_grid=((256, 1, 0.0, 8),), response_head_grid=((4, 2, 3e-3, 8),), prompt_refit_grid=(),
-    structured_negatives=(12, 6), edgy_negatives=(12, 6),
+    structured_negatives=(12, 6), edgy_negatives=(12, 6), direct_positives=(12, 6),
     max_tokens=256, category_latents=4,
     min_category_samples=2, probe_layers=(0,),
     sae_heldout_tokens=4_000, dtype="float32")
@@ -290,10 +298,10 @@ def reference_gate(td_sel: TokenData, sel: list[Sample], td_cal: TokenData, cal:
 
 
 @dataclass
-class ExtraNegatives:
-    """Benign prompts outside the dataset's splits, encoded like them, that every prompt read-out is fitted
-    against (``sel``) and whose calibration part (``cal``) is held to the budget on its own
-    (:func:`budget_threshold`)."""
+class ExtraPrompts:
+    """Generated prompts outside the dataset's splits, encoded like them, added to every prompt read-out's
+    fitting samples (``sel``) and calibration samples (``cal``). The benign ones' calibration part is held to
+    the budget on its own (:func:`budget_threshold`); the harmful ones only add positives."""
 
     td_sel: TokenData
     sel: list[Sample]
@@ -307,10 +315,11 @@ def _rank(f: GateFit) -> tuple[float, float]:
 
 def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_cal: dict[str, TokenData],
                 cal: dict[str, list[Sample]], cfg: BuildConfig, grid: bool,
-                extra: ExtraNegatives | None = None) -> tuple[dict[str, GateFit], dict[str, Any]]:
-    """Both gates; with ``grid`` the pooling/sparsity variants of the gate's grid are compared on the
-    calibration split (recall at the budget, then average precision) and the best one kept per gate.
-    ``extra``: benign prompts added to the prompt gate's select and calibration samples."""
+                extra: ExtraPrompts | None = None, gates: Sequence[str] = GATES
+                ) -> tuple[dict[str, GateFit], dict[str, Any]]:
+    """The ``gates`` (both by default); with ``grid`` the pooling/sparsity variants of each gate's grid are
+    compared on the calibration split (recall at the budget, then average precision) and the best one kept per gate.
+    ``extra``: generated prompts added to the prompt gate's select and calibration samples."""
     fits: dict[str, GateFit] = {}
     report: dict[str, Any] = {}
     if extra is not None:
@@ -322,7 +331,10 @@ def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_c
             n_fit, n_cal = (sum(s.source.startswith(g) for s in part) for part in (extra.sel, extra.cal))
             if n_fit or n_cal:
                 report[f"{_kind(g)}_negatives"] = {"fit": n_fit, "calibration": n_cal}
-    for gate in GATES:
+        n_fit, n_cal = (sum(s.source == DIRECT_SOURCE for s in part) for part in (extra.sel, extra.cal))
+        if n_fit or n_cal:
+            report["direct_positives"] = {"fit": n_fit, "calibration": n_cal}
+    for gate in gates:
         budget = cfg.budget_prompt if gate == "prompt" else cfg.budget_response
         grid_of = cfg.prompt_head_grid if gate == "prompt" else cfg.response_head_grid
         base = replace(cfg.head, fit=cfg.prompt_head_fit, c_reg=cfg.prompt_head_c, final=cfg.prompt_head_final) \
@@ -353,7 +365,7 @@ def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_c
         ref = reference_gate(td_sel[gate], sel[gate], td_cal[gate], cal[gate], budget, cfg.head.max_density)
         report[gate] = {"chosen": best.calib, "variants": tried, "reference_rule": ref.calib, "chosen_head": asdict(best_hc)}
         fits[f"reference/{gate}"] = ref
-    if grid and cfg.prompt_refit_grid:
+    if grid and cfg.prompt_refit_grid and "prompt" in gates:
         fits["prompt"] = refit_prompt_gate(fits, td_sel["prompt"], sel["prompt"], td_cal["prompt"], cal["prompt"], cfg,
                                            report["prompt"])
     return fits, report
@@ -755,10 +767,12 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     lc_key = _hash([sae_key, asdict(cfg.head), cfg.prompt_head_fit, cfg.prompt_head_c, cfg.prompt_head_final,
                     cfg.prompt_head_grid[:1], cfg.response_head_grid[:1], cfg.budget_prompt, cfg.budget_response, cfg.category_latents,
                     cfg.min_category_samples, data_info["select"]["sha256"], data_info["calib"]["sha256"]])
-    # the monitors' fits also depend on their grids, the refit and the structured negatives (and on how those
-    # enter selection and calibration: STRUCTURED_RULE)
+    # the monitors' fits also depend on their grids, the refit and the generated prompts (and on how those
+    # enter selection and calibration: STRUCTURED_RULE); the direct positives enter the key only when there are
+    # some, so the monitors of a build made before they existed keep their key
     fit_key = _hash([lc_key, cfg.prompt_head_grid, cfg.prompt_head_fit, cfg.prompt_refit_grid, cfg.prompt_refit_c,
-                     cfg.structured_negatives, STRUCTURED_RULE, cfg.response_head_grid, cfg.edgy_negatives])
+                     cfg.structured_negatives, STRUCTURED_RULE, cfg.response_head_grid, cfg.edgy_negatives,
+                     *([cfg.direct_positives] if sum(cfg.direct_positives) else [])])
     lc_file = work / f"layer_choice-{lc_key}.json"
     layer_report: dict[str, Any] = json.loads(lc_file.read_text()) if lc_file.is_file() else {}
     for li, layer in enumerate(layers if len(layers) > 1 else ()):
@@ -823,8 +837,8 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
             tcal = {g: base_td[f"calib/{g}"] for g in GATES}
             net = base_m
         prog.start(stage)
-        extra = generated_negatives(net, tok, sae, chosen, cfg, work / "encoded" / f"{name}-{sae_key}-L{chosen}") \
-            if sum(cfg.structured_negatives) + sum(cfg.edgy_negatives) else None
+        extra = generated_prompts(net, tok, sae, chosen, cfg, work / "encoded" / f"{name}-{sae_key}-L{chosen}") \
+            if has_generated(cfg) else None
         fits, rep = fit_monitor(tsel, by_sel, tcal, by_cal, cfg, grid=True, extra=extra)
         spec = MonitorSpec.from_gates({g: fits[g].spec for g in GATES}, sae, name, {"monitored": name, "layer": chosen},
                                       {g: fits[f"reference/{g}"].spec for g in GATES})
@@ -875,21 +889,29 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     return prov
 
 
-def generated_negatives(model: Any, tok: Any, sae: Any, layer: int, cfg: BuildConfig, prefix: Path) -> ExtraNegatives:
-    """The generated benign prompts — structured (:mod:`guard.recipe.structured`) and edgy
-    (:mod:`guard.recipe.edgy`) — encoded through ``model`` and the SAE at ``layer``, kept beside the build's
-    other encodings for a resumed build."""
+def has_generated(cfg: BuildConfig) -> bool:
+    return bool(sum(cfg.structured_negatives) + sum(cfg.edgy_negatives) + sum(cfg.direct_positives))
+
+
+def generated_prompts(model: Any, tok: Any, sae: Any, layer: int, cfg: BuildConfig, prefix: Path) -> ExtraPrompts:
+    """The generated prompts — benign structured (:mod:`guard.recipe.structured`) and edgy
+    (:mod:`guard.recipe.edgy`) ones, direct harmful requests (:mod:`guard.recipe.direct`) — encoded through
+    ``model`` and the SAE at ``layer``, kept beside the build's other encodings for a resumed build."""
+    from guard.recipe.direct import direct_prompts
     from guard.recipe.edgy import edgy_prompts
     from guard.recipe.encode import encode_samples
     from guard.recipe.structured import structured_prompts
 
     s_fit, s_cal = (int(x) for x in cfg.structured_negatives)
     e_fit, e_cal = (int(x) for x in cfg.edgy_negatives)
+    d_fit, d_cal = (int(x) for x in cfg.direct_positives)
     kinds = {
         "structured": {"select": structured_prompts(s_fit, cfg.seed * 1000 + 11),
                        "calib": structured_prompts(s_cal, cfg.seed * 1000 + 12)},
         "edgy": {"select": edgy_prompts(e_fit, cfg.seed * 1000 + 21, "select"),
                  "calib": edgy_prompts(e_cal, cfg.seed * 1000 + 22, "calib")},
+        "direct": {"select": direct_prompts(d_fit, cfg.seed * 1000 + 31, "select"),
+                   "calib": direct_prompts(d_cal, cfg.seed * 1000 + 32, "calib")},
     }
     tds: dict[str, TokenData] = {}
     samples: dict[str, list[Sample]] = {"select": [], "calib": []}
@@ -905,14 +927,14 @@ def generated_negatives(model: Any, tok: Any, sae: Any, layer: int, cfg: BuildCo
                 td = encode_samples(model, tok, {layer: sae}, part, cfg.max_tokens)[layer]
                 p.parent.mkdir(parents=True, exist_ok=True)
                 td.save(p)
-                log.info("%s negatives (%s): %d prompts, %d tokens, %.0fs", kind, name, len(part), td.n_tokens,
+                log.info("%s prompts (%s): %d prompts, %d tokens, %.0fs", kind, name, len(part), td.n_tokens,
                          time.time() - t0)
             tds[name] = tds[name].concat(td) if name in tds else td
             samples[name] += part
     if not samples["select"] or not samples["calib"]:
-        raise ValueError("generated negatives need both a fitting and a calibration part: "
-                         f"structured {cfg.structured_negatives}, edgy {cfg.edgy_negatives}")
-    return ExtraNegatives(tds["select"], samples["select"], tds["calib"], samples["calib"])
+        raise ValueError("generated prompts need both a fitting and a calibration part: structured "
+                         f"{cfg.structured_negatives}, edgy {cfg.edgy_negatives}, direct {cfg.direct_positives}")
+    return ExtraPrompts(tds["select"], samples["select"], tds["calib"], samples["calib"])
 
 
 def _shrink_sae(path: Path) -> None:

@@ -499,7 +499,7 @@ def test_structured_negatives_join_the_prompt_fit_and_its_calibration_traffic():
     from dataclasses import replace
 
     from guard.bundle import GateSpec
-    from guard.recipe.pipeline import SMOKE, ExtraNegatives, fit_monitor
+    from guard.recipe.pipeline import SMOKE, ExtraPrompts, fit_monitor
     from guard.recipe.selection import head_sample_scores
     from guard.recipe.sources import Sample
     from guard.recipe.structured import SOURCE
@@ -547,7 +547,7 @@ def test_structured_negatives_join_the_prompt_fit_and_its_calibration_traffic():
     plain, _ = fit(None)
     g = plain["prompt"].spec
     assert np.mean(head_sample_scores(r_cal, g.overall, g.pooling) >= g.threshold) > 0.5
-    fits, report = fit(ExtraNegatives(r_sel, lists, r_cal, lists))
+    fits, report = fit(ExtraPrompts(r_sel, lists, r_cal, lists))
     g = fits["prompt"].spec
     assert report["structured_negatives"] == {"fit": 40, "calibration": 40}
     assert fits["prompt"].calib["recall"] > 0.5
@@ -584,6 +584,30 @@ def test_each_generated_source_is_held_to_the_budget_on_its_own():
     assert thr == pytest.approx(threshold_at_budget(sc[300:400], 0.02))
     assert thr > threshold_at_budget(sc[:200], 0.02) > threshold_at_budget(sc[200:300], 0.02)
     assert np.mean(sc[300:400] > thr) <= 0.02 and np.mean(sc[:200] > thr) < 0.02
+
+
+def test_direct_requests_are_seeded_harmful_split_by_phrase_and_worded_like_the_edgy_ones():
+    from guard.recipe import edgy
+    from guard.recipe.direct import FAMILIES, SOURCE, direct_prompts
+    from guard.recipe.sources import CATEGORIES, decontaminate
+
+    sel, cal = direct_prompts(300, 7, "select"), direct_prompts(150, 8, "calib")
+    assert [s.prompt for s in sel] == [s.prompt for s in direct_prompts(300, 7, "select")]
+    assert all(s.label == 1 and s.source == SOURCE and s.response is None for s in sel + cal)
+    assert {s.category for s in sel} <= set(CATEGORIES) and {s.category for s in sel} >= {"violence", "sexual", "crime"}
+    phrases = [x for _, _, xs in FAMILIES.values() for x in xs]
+
+    def used(ss):
+        return {x for x in phrases for s in ss if x in s.prompt}
+
+    assert not used(sel) & used(cal)
+    assert {s.group.split("/")[2] for s in sel} == set(FAMILIES)
+    # the how-to frames are the edgy negatives' too (and so are the lead-ins): the words around a goal carry no label
+    edgy_frames = {f for frames, _ in edgy.FAMILIES.values() for f in frames}
+    how = {f for _, frames, _ in FAMILIES.values() for f in frames if not f.startswith(("Write", "Can you write", "Give me"))}
+    assert how and how <= edgy_frames
+    # and none duplicates a reserved benchmark request
+    assert all(decontaminate([s.prompt for s in sel + cal]))
 
 
 def test_edgy_requests_are_seeded_benign_and_split_by_phrase():

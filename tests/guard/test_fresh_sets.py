@@ -19,7 +19,8 @@ from guard.eval_data import BLOCK_SETS, EVAL_DATA, SETS, load_eval_prompts
 ROOT = Path(__file__).resolve().parents[2]
 ART = ROOT / "guard" / "artifacts" / "data.jsonl.gz"
 GENERATORS = (ROOT / "guard" / "recipe" / "prompts.py", ROOT / "guard" / "recipe" / "sources.py",
-              ROOT / "guard" / "recipe" / "structured.py", ROOT / "guard" / "recipe" / "edgy.py")
+              ROOT / "guard" / "recipe" / "structured.py", ROOT / "guard" / "recipe" / "edgy.py",
+              ROOT / "guard" / "recipe" / "direct.py")
 # Share of a request's word 5-grams found in one reference text above which it counts as a rephrasing.
 # Requests that merely open the same way ("What's the best way to ...") share at most 2 of 3 here.
 MAX_SHARED = 0.7
@@ -129,7 +130,8 @@ def _generator_strings() -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("name,min_n,min_cats", [("fresh_harmful", 190, 10), ("fresh_benign_edgy", 190, 9)])
+@pytest.mark.parametrize("name,min_n,min_cats", [("fresh_harmful", 190, 10), ("fresh_harmful_b", 90, 11),
+                                                 ("fresh_benign_edgy", 190, 9)])
 def test_fresh_sets_format_and_counts(name: str, min_n: int, min_cats: int) -> None:
     rows = load_eval_prompts(name)
     assert len(rows) >= min_n
@@ -172,12 +174,19 @@ def test_no_overlap_with_the_prompt_generators() -> None:
     assert _same_subject(_all_requests(), refs) == []
 
 
-def test_no_overlap_with_the_generated_edgy_requests() -> None:
-    # the edgy generator's phrases pass the literal check above; rendered through its frames they must too
-    from guard.recipe.edgy import FAMILIES, edgy_prompts
+@pytest.mark.parametrize("generator", ["edgy", "direct"])
+def test_no_overlap_with_the_generated_requests(generator: str) -> None:
+    # the generators' phrases pass the literal check above; rendered through their frames they must too
+    from guard.recipe import direct, edgy
 
-    n = sum(len(frames) * len(phrases) for frames, phrases in FAMILIES.values())
-    rendered = sorted({s.prompt for part in ("select", "calib") for s in edgy_prompts(2 * n, 1, part)})
+    if generator == "edgy":
+        render = edgy.edgy_prompts
+        sizes = [len(frames) * len(phrases) for frames, phrases in edgy.FAMILIES.values()]
+    else:
+        render = direct.direct_prompts
+        sizes = [len(frames) * len(phrases) for _, frames, phrases in direct.FAMILIES.values()]
+    n = sum(sizes)
+    rendered = sorted({s.prompt for part in ("select", "calib") for s in render(2 * n, 1, part)})
     assert len(rendered) > n // 2
     assert _overlaps(_all_requests(), rendered) == []
     assert _same_subject(_all_requests(), rendered) == []

@@ -147,6 +147,46 @@ def test_committed_adapter_is_reused_under_other_training_settings(built, tmp_pa
     assert (art / "lora" / "adapter_model.safetensors").read_bytes() != adapter
 
 
+def test_prompt_gate_refit_keeps_everything_else(built, tmp_path):
+    """Refitting the prompt gate alone (another count of generated direct requests) changes that gate of every
+    monitor, holds the budget, and leaves the SAE, the layer and the response gate byte for byte as built;
+    a setting that belongs to a kept part is refused."""
+    import shutil
+    from dataclasses import replace
+
+    from guard.bundle import MonitorSpec
+    from guard.recipe.pipeline import SMOKE
+    from guard.recipe.prompt_gate import refit_prompt_gate
+
+    d, prov = built
+    art = tmp_path / "art"
+    shutil.copytree(d / "art", art)
+    heads = {n: json.loads((art / "monitors" / n / "heads.json").read_text()) for n in ("lora", "base")}
+    sae = (art / "sae" / "sae_weights.safetensors").read_bytes()
+    manifest = (art / "manifest.json").read_text()
+    new = refit_prompt_gate(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
+                            overrides={"threads": 1, "direct_positives": (24, 12)})
+    rec = new["prompt_refits"][-1]
+    assert rec["changed"] == {"direct_positives": [24, 12]} and rec["layer"] == prov["layer"]
+    assert new["config"]["direct_positives"] == [24, 12]
+    for n in ("lora", "base"):
+        after = json.loads((art / "monitors" / n / "heads.json").read_text())
+        assert after["response"] == heads[n]["response"]
+        assert after["reference"]["response"] == heads[n]["reference"]["response"]
+        assert after["prompt"] != heads[n]["prompt"]
+        assert after["prompt"]["calibration"]["calib"]["flagged_benign_traffic"] <= 0.02 + 1e-9
+        assert new["monitors"][n]["direct_positives"] == {"fit": 24, "calibration": 12}
+        assert new["monitors"][n]["response"] == prov["monitors"][n]["response"]
+        spec = MonitorSpec.load(art / "monitors" / n, n)
+        assert set(spec.gates["prompt"].overall.ids) <= set(spec.encoder.ids)
+        assert json.loads((art / "monitors" / n / "build.json").read_text())["key"].startswith("prompt-refit:")
+    assert (art / "sae" / "sae_weights.safetensors").read_bytes() == sae
+    assert (art / "manifest.json").read_text() == manifest
+    with pytest.raises(ValueError, match="sae"):
+        refit_prompt_gate(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
+                          overrides={"threads": 1, "sae": replace(SMOKE.sae, k=4)})
+
+
 def test_ladder_runs_on_the_build_cache(built, tmp_path):
     """Every rung on every candidate layer, from the build's residual cache, with leave-one-source-out and
     the fresh prompt sets; thresholds hold the budget on the calibration split by construction."""

@@ -1,0 +1,145 @@
+"""Refit the prompt gate of a finished build, keeping everything else it built.
+
+A change to how the prompt gate is fitted (its generated prompts, its read-out settings, its budget) leaves
+the safeguard, the SAE, the layer choice and the response gate as they were, but a full build re-forwards every
+sample, and most of the tokens are long answers that only the response gate reads: an hour on the 2-core
+machine. This forwards the dataset's prompt samples alone (a few minutes per monitored network), fits the
+prompt gate exactly as the build's monitor stage does (:func:`guard.recipe.pipeline.fit_monitor` with
+``gates=("prompt",)``, the same generated prompts), and writes each monitor back with its response gate
+unchanged. The build's record says the prompt gate was refitted, with which settings and when; a later full
+build sees a different fitting key and refits both gates.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from guard.bundle import MonitorSpec, read_manifest
+from guard.recipe import data as DATA
+from guard.recipe.encode import TokenData
+from guard.recipe.pipeline import (
+    PRESETS,
+    BuildConfig,
+    Progress,
+    _commit,
+    _hash,
+    default_work_dir,
+    fit_monitor,
+    generated_prompts,
+    has_generated,
+)
+
+log = logging.getLogger(__name__)
+
+# the build settings a prompt-gate refit may change; any other difference from the build's own settings would
+# leave the kept parts (safeguard, SAE, layer, response gate) built with settings the record no longer names
+PROMPT_GATE_FIELDS = frozenset({
+    "prompt_head_grid", "prompt_head_fit", "prompt_head_c", "prompt_head_final", "prompt_refit_grid",
+    "prompt_refit_c", "structured_negatives", "edgy_negatives", "direct_positives", "budget_prompt", "threads",
+})
+
+
+def _differing(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    return sorted(k for k in set(old) | set(new) if json.dumps(old.get(k), default=str)
+                  != json.dumps(new.get(k), default=str))
+
+
+def refit_prompt_gate(out_dir: str | Path, base_model: str | Path | None = None, preset: str = "cpu",
+                      work_dir: str | Path | None = None, overrides: dict[str, Any] | None = None,
+                      commit_stages: bool = False) -> dict[str, Any]:
+    """Refit every monitor's prompt gate in ``out_dir`` (a finished build); returns the updated provenance."""
+    import torch
+
+    from guard.recipe.encode import encode_samples
+    from guard.runner import load_guard_model
+    from guard.sae import load_sae
+
+    out = Path(out_dir)
+    prov_f = out / "provenance.json"
+    if not prov_f.is_file():
+        raise FileNotFoundError(f"{prov_f} not found: refitting the prompt gate needs a finished build in {out}")
+    prov = json.loads(prov_f.read_text())
+    man = read_manifest(out)
+    cfg: BuildConfig = replace(PRESETS[preset], **(overrides or {}))
+    new_cfg = json.loads(json.dumps(asdict(cfg), default=str))
+    changed = _differing(prov["config"], new_cfg)
+    if bad := [k for k in changed if k not in PROMPT_GATE_FIELDS]:
+        raise ValueError(f"settings the prompt-gate refit keeps as built differ from the build's: {bad}; "
+                         "run a full `nextguard guard build` for those")
+    if base_model is None and prov.get("base_model") != "embedded":
+        raise ValueError(f"the build monitored {prov.get('base_model')!r}: pass it as --base-model")
+    if base_model is None:
+        from inference.embedded import ensure_embedded_model
+
+        base_model = ensure_embedded_model()
+    dtype, layer = str(man["dtype"]), int(man["layer"])
+    work = Path(work_dir) if work_dir is not None else default_work_dir(preset)
+    work.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+
+    ds = DATA.load_dataset(out / "data.jsonl.gz")
+    info = DATA.save_dataset(ds, work / "data.jsonl")
+    for split in ("select", "calib", "test"):
+        if info[split]["sha256"] != prov["data"]["splits"][split]["sha256"]:
+            raise ValueError(f"{out / 'data.jsonl.gz'}'s {split} split is not the one the build was fitted on")
+    sel = [s for s in ds.splits["select"] if s.gate == "prompt"]
+    cal = [s for s in ds.splits["calib"] if s.gate == "prompt"]
+    sae = load_sae(out / "sae")
+    names = [str(m) for m in man["monitors"]]
+    prog = Progress({f"prompt_{n}": 5.0 for n in names})
+    t_all = time.time()
+    record: dict[str, Any] = {"changed": {k: new_cfg[k] for k in changed}, "layer": layer, "dtype": dtype,
+                              "prompt_samples": {"select": len(sel), "calib": len(cal)}, "monitors": {}}
+    for name in names:
+        stage = f"prompt_{name}"
+        prog.start(stage)
+        t0 = time.time()
+        model, tok = load_guard_model(base_model, out / "lora" if name == "lora" else None, dtype=dtype)
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        prefix = work / "encoded" / f"prompt-gate-{name}-{_hash([prov['data']['splits'], layer, dtype])}"
+        enc: dict[str, TokenData] = {}
+        for k, (part, samples) in enumerate((("select", sel), ("calib", cal))):
+            p = Path(f"{prefix}-{part}.npz")
+            if p.is_file():
+                enc[part] = TokenData.load(p)
+            else:
+                enc[part] = encode_samples(model, tok, {layer: sae}, samples, cfg.max_tokens)[layer]
+                p.parent.mkdir(parents=True, exist_ok=True)
+                enc[part].save(p)
+            prog.update(stage, 0.3 * (k + 1))
+        extra = generated_prompts(model, tok, sae, layer, cfg, Path(f"{prefix}-generated")) if has_generated(cfg) else None
+        prog.update(stage, 0.7)
+        fits, rep = fit_monitor({"prompt": enc["select"]}, {"prompt": sel}, {"prompt": enc["calib"]}, {"prompt": cal},
+                                cfg, grid=True, extra=extra, gates=("prompt",))
+        old = MonitorSpec.load(out / "monitors" / name, name)
+        spec = MonitorSpec.from_gates({"prompt": fits["prompt"].spec, "response": old.gates["response"]}, sae, name,
+                                      old.info, {"prompt": fits["reference/prompt"].spec,
+                                                 "response": old.reference["response"]})
+        spec.save(out / "monitors" / name)
+        rec_f = out / "monitors" / name / "build.json"
+        rec = json.loads(rec_f.read_text()) if rec_f.is_file() else {"report": {}}
+        report = {**{k: v for k, v in rec["report"].items() if not k.endswith(("_negatives", "_positives"))}, **rep}
+        seconds = time.time() - t0
+        rec = {"key": "prompt-refit:" + _hash([rec.get("key"), changed, new_cfg]), "report": report,
+               "prompt_refit": {"previous_key": rec.get("key"), "seconds": seconds}}
+        rec_f.write_text(json.dumps(rec, default=str))
+        prov.setdefault("monitors", {})[name] = report
+        record["monitors"][name] = {"seconds": seconds, "calib": rep["prompt"]["chosen"]}
+        prog.finish(stage)
+        del model
+    record.update(seconds=time.time() - t_all, machine=platform.platform(),
+                  created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    prov["config"] = new_cfg
+    prov.setdefault("prompt_refits", []).append(record)
+    prov_f.write_text(json.dumps(prov, indent=1, default=str))
+    _commit([out / "monitors", prov_f], "guard build: prompt gate refitted (" + ", ".join(changed or ["same settings"])
+            + ")", commit_stages)
+    return prov
