@@ -28,11 +28,13 @@ from guard.recipe.pipeline import (
     BuildConfig,
     Progress,
     _commit,
+    _file_hash,
     _hash,
     default_work_dir,
     fit_monitor,
     generated_prompts,
     has_generated,
+    monitored_id,
 )
 
 log = logging.getLogger(__name__)
@@ -104,7 +106,11 @@ def refit_prompt_gate(out_dir: str | Path, base_model: str | Path | None = None,
         model, tok = load_guard_model(base_model, out / "lora" if name == "lora" else None, dtype=dtype)
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
-        prefix = work / "encoded" / f"prompt-gate-{name}-{_hash([prov['data']['splits'], layer, dtype])}"
+        # encodings kept for a rerun are keyed by everything they depend on: data, network, SAE, layer, dtype
+        net_id = monitored_id(str(prov.get("base_model")), out / "lora" if name == "lora" else None)
+        prefix = work / "encoded" / (f"prompt-gate-{name}-" + _hash([prov["data"]["splits"], net_id, layer, dtype,
+                                                                     _file_hash(out / "sae" / "sae_weights.safetensors"),
+                                                                     cfg.max_tokens]))
         enc: dict[str, TokenData] = {}
         for k, (part, samples) in enumerate((("select", sel), ("calib", cal))):
             p = Path(f"{prefix}-{part}.npz")
