@@ -97,7 +97,7 @@ class BuildConfig:
     # calibration). The registry sources ask in a benchmark register ("Write a tutorial on how to ..."); read-
     # outs fitted on them alone passed a third of a fresh set of the same goals asked plainly. Off by default:
     # at (480, 240) the gate refused more of both fresh harmful sets but also more of every benign held-out
-    # set (edgy, sensitive, everyday, pasted structured text), and the test split's balanced accuracy fell.
+    # set (edgy, sensitive, everyday, pasted structured text).
     direct_positives: tuple[int, int] = (0, 0)
     response_head_grid: tuple[tuple[int, int, float, int], ...] = (
         (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128), (32, 8, 1e-3, 256))

@@ -3,11 +3,11 @@
 A change to how the prompt gate is fitted (its generated prompts, its read-out settings, its budget) leaves
 the safeguard, the SAE, the layer choice and the response gate as they were, but a full build re-forwards every
 sample, and most of the tokens are long answers that only the response gate reads: an hour on the 2-core
-machine. This forwards the dataset's prompt samples alone (a few minutes per monitored network), fits the
-prompt gate exactly as the build's monitor stage does (:func:`guard.recipe.pipeline.fit_monitor` with
-``gates=("prompt",)``, the same generated prompts), and writes each monitor back with its response gate
-unchanged. The build's record says the prompt gate was refitted, with which settings and when; a later full
-build sees a different fitting key and refits both gates.
+machine. This forwards the dataset's prompt samples alone (a few minutes per monitored network) through the
+build's residual cache and encoder, fits the prompt gate exactly as the build's monitor stage does
+(:func:`guard.recipe.pipeline.fit_monitor` with ``gates=("prompt",)``, the same generated prompts), and writes
+each monitor back with its response gate unchanged. The build's record says the prompt gate was refitted,
+with which settings and when; a later full build sees a different fitting key and refits both gates.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Any
 
 from guard.bundle import MonitorSpec, read_manifest
 from guard.recipe import data as DATA
-from guard.recipe.encode import TokenData
 from guard.recipe.pipeline import (
     PRESETS,
     BuildConfig,
@@ -58,7 +57,8 @@ def refit_prompt_gate(out_dir: str | Path, base_model: str | Path | None = None,
     """Refit every monitor's prompt gate in ``out_dir`` (a finished build); returns the updated provenance."""
     import torch
 
-    from guard.recipe.encode import encode_samples
+    from guard.recipe.cache import build_cache
+    from guard.recipe.encode import encode_cached
     from guard.runner import load_guard_model
     from guard.sae import load_sae
 
@@ -106,21 +106,16 @@ def refit_prompt_gate(out_dir: str | Path, base_model: str | Path | None = None,
         model, tok = load_guard_model(base_model, out / "lora" if name == "lora" else None, dtype=dtype)
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
-        # encodings kept for a rerun are keyed by everything they depend on: data, network, SAE, layer, dtype
+        # the prompt samples' residuals go through the build's own cache and encoder (the same batching,
+        # tokenisation and bf16 storage), so an unchanged setting refits the gate the build shipped; the cache
+        # is keyed by the network and the samples and resumes after an interruption
         net_id = monitored_id(str(prov.get("base_model")), out / "lora" if name == "lora" else None)
-        prefix = work / "encoded" / (f"prompt-gate-{name}-" + _hash([prov["data"]["splits"], net_id, layer, dtype,
-                                                                     _file_hash(out / "sae" / "sae_weights.safetensors"),
-                                                                     cfg.max_tokens]))
-        enc: dict[str, TokenData] = {}
-        for k, (part, samples) in enumerate((("select", sel), ("calib", cal))):
-            p = Path(f"{prefix}-{part}.npz")
-            if p.is_file():
-                enc[part] = TokenData.load(p)
-            else:
-                enc[part] = encode_samples(model, tok, {layer: sae}, samples, cfg.max_tokens)[layer]
-                p.parent.mkdir(parents=True, exist_ok=True)
-                enc[part].save(p)
-            prog.update(stage, 0.3 * (k + 1))
+        cache = build_cache(model, tok, sel + cal, (layer,), work / "cache" / f"prompt-gate-{name}", model_id=net_id,
+                            max_tokens=cfg.max_tokens, dtype=dtype,
+                            progress=lambda d, n, st=stage: prog.update(st, 0.6 * d / n))
+        enc = {"select": encode_cached(cache, sae, layer, list(range(len(sel)))),
+               "calib": encode_cached(cache, sae, layer, list(range(len(sel), len(sel) + len(cal))))}
+        prefix = work / "encoded" / f"prompt-gate-{name}-{_hash([net_id, _file_hash(out / 'sae' / 'sae_weights.safetensors')])}"
         extra = generated_prompts(model, tok, sae, layer, cfg, Path(f"{prefix}-generated")) if has_generated(cfg) else None
         prog.update(stage, 0.7)
         fits, rep = fit_monitor({"prompt": enc["select"]}, {"prompt": sel}, {"prompt": enc["calib"]}, {"prompt": cal},
