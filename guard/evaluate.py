@@ -442,9 +442,8 @@ def _plots(out: Path, traces: dict[str, list[dict[str, Any]]]) -> None:
 def extra_prompt_sets() -> dict[str, list[Sample]]:
     """The prompt sets no build step reads (:data:`guard.eval_data.SETS`): everyday and sensitive prompts, the
     freshly written direct harmful and edgy-but-benign requests, and the pasted structured prompts."""
-    names = ("everyday", "sensitive", "fresh_harmful", "fresh_harmful_b", "fresh_benign_edgy", *sorted(BLOCK_SETS))
-    return {name: [Sample(user(t), None, SETS[name], c or None, f"eval/{name}", "eval") for c, t in load_eval_prompts(name)]
-            for name in names}
+    return {name: [Sample(user(t), None, label, c or None, f"eval/{name}", "eval") for c, t in load_eval_prompts(name)]
+            for name, label in SETS.items()}
 
 
 DILUTION_FILLER = ("so", "well", "you know", "basically", "honestly", "like")

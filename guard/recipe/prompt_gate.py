@@ -35,6 +35,7 @@ from guard.recipe.pipeline import (
     has_generated,
     monitored_id,
 )
+from guard.recipe.sources import data_hash
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,8 @@ def refit_prompt_gate(out_dir: str | Path, base_model: str | Path | None = None,
     torch.manual_seed(cfg.seed)
 
     ds = DATA.load_dataset(out / "data.jsonl.gz")
-    info = DATA.save_dataset(ds, work / "data.jsonl")
     for split in ("select", "calib", "test"):
-        if info[split]["sha256"] != prov["data"]["splits"][split]["sha256"]:
+        if data_hash(ds.splits[split]) != prov["data"]["splits"][split]["sha256"]:
             raise ValueError(f"{out / 'data.jsonl.gz'}'s {split} split is not the one the build was fitted on")
     sel = [s for s in ds.splits["select"] if s.gate == "prompt"]
     cal = [s for s in ds.splits["calib"] if s.gate == "prompt"]
@@ -107,8 +107,8 @@ def refit_prompt_gate(out_dir: str | Path, base_model: str | Path | None = None,
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
         # the prompt samples' residuals go through the build's own cache and encoder (the same batching,
-        # tokenisation and bf16 storage), so an unchanged setting refits the gate the build shipped; the cache
-        # is keyed by the network and the samples and resumes after an interruption
+        # tokenisation and bf16 storage as the build); the cache is keyed by the network and the samples and
+        # resumes after an interruption
         net_id = monitored_id(str(prov.get("base_model")), out / "lora" if name == "lora" else None)
         cache = build_cache(model, tok, sel + cal, (layer,), work / "cache" / f"prompt-gate-{name}", model_id=net_id,
                             max_tokens=cfg.max_tokens, dtype=dtype,
