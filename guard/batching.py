@@ -208,6 +208,7 @@ class GuardEngine:
         loop = asyncio.get_running_loop()
         while True:
             first = await q.get()
+            await self._gather(q)
             jobs = [first]
             while not q.empty() and len(jobs) < 4 * self.max_batch:
                 jobs.append(q.get_nowait())
@@ -260,6 +261,20 @@ class GuardEngine:
                     if not j.fut.done():
                         j.fut.set_result(None)
                 self._grant()
+
+    @staticmethod
+    async def _gather(q: asyncio.Queue[_Job], idle_turns: int = 2, max_turns: int = 32) -> None:
+        """Let the event loop run until no more forwards arrive. Streams woken by one step (or one engine
+        output) reach the queue some loop turns apart, each through its own read-ahead and re-tokenising; a
+        step started on the first alone runs it in a forward of its own, the others in the next, and the
+        two halves stay out of phase from then on. A forward's cost is mostly reading the weights, so
+        waiting a few turns (microseconds) for the others is far cheaper than a second forward."""
+        idle = turns = 0
+        while idle < idle_turns and turns < max_turns:
+            n = q.qsize()
+            await asyncio.sleep(0)
+            turns += 1
+            idle = idle + 1 if q.qsize() == n else 0
 
     def _step(self, batch: list[tuple[int, list[int]]], drop: dict[int, int] | None = None) -> list[Any]:
         """The runner's step (then each slot forgets its provisional tokens), then (with a readout) one

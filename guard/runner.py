@@ -154,81 +154,111 @@ class SlotRunner:
         """Feed new tokens to several slots at once; returns per slot the (n_new, d_model) residual
         after layer ``self.layer`` (float32, CPU).
 
-        Rows are padded to the longest in a forward, so rows of very different lengths (a new request's
-        context beside streams decoding one token each, a short text beside a long one) run as separate
-        forwards of similar lengths: without it, one 100-token context makes every 1-token row of its step
-        cost 100 tokens."""
+        Every row's new tokens go through the projections and MLPs packed into one sequence, without
+        padding: at a few tokens per row a forward's cost is mostly reading the weights, so one pass for
+        the whole step costs far less than one per group of rows. Only attention, which mixes a row's
+        tokens with its own cache, runs per group of rows of similar lengths (``_length_groups``), padded
+        to the group's longest row."""
         rows = [(s, list(ids)) for s, ids in batch if len(ids)]
         if not rows:
             return []
-        out: list[Any] = [None] * len(rows)
-        for group in _length_groups([len(ids) for _, ids in rows]):
-            for i, o in zip(group, self._step_padded([rows[i] for i in group]), strict=True):
-                out[i] = o
-        return out
+        return self._step_packed(rows)
 
-    def _step_padded(self, batch: list[tuple[int, list[int]]]) -> list[Any]:
+    def _step_packed(self, batch: list[tuple[int, list[int]]]) -> list[Any]:
         import torch
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-        B = len(batch)
-        ns = [len(ids) for _, ids in batch]
-        Q = max(ns)
-        lens = [self.slots[s].length for s, _ in batch]
-        T = max(ln + n for ln, n in zip(lens, ns, strict=True))
-        self._grow(T)
         dev = self.device
-        ids = torch.zeros((B, Q), dtype=torch.long, device=dev)
-        pos = torch.zeros((B, Q), dtype=torch.long, device=dev)
-        for b, ((_, tok), ln) in enumerate(zip(batch, lens, strict=True)):
-            ids[b, : len(tok)] = torch.tensor(tok, dtype=torch.long)
-            pos[b] = torch.arange(ln, ln + Q)
-        qpos = pos[:, :, None]                                   # (B, Q, 1)
-        kidx = torch.arange(T, device=dev)[None, None, :]        # (1, 1, T)
-        mask = kidx <= qpos
-        nvec = torch.tensor(ns, device=dev)[:, None, None]
-        qi = torch.arange(Q, device=dev)[None, :, None]
-        pad = qi >= nvec
-        mask = torch.where(pad, kidx == 0, mask)[:, None]         # (B, 1, Q, T)
-        slots = [s for s, _ in batch]
-        contiguous = slots == list(range(slots[0], slots[0] + B))
-        sl_idx = torch.tensor(slots, device=dev)
+        ns = [len(ids) for _, ids in batch]
+        lens = [self.slots[s].length for s, _ in batch]
+        starts = [0]
+        for n in ns:
+            starts.append(starts[-1] + n)
+        N = starts[-1]
+        self._grow(max(ln + n for ln, n in zip(lens, ns, strict=True)))
+        ids = torch.tensor([t for _, tok in batch for t in tok], dtype=torch.long, device=dev)[None]
+        pos = torch.cat([torch.arange(ln, ln + n) for ln, n in zip(lens, ns, strict=True)]).to(dev)[None]
+        groups = [self._attention_group(g, batch, ns, lens, starts) for g in _length_groups(ns)]
         with torch.inference_mode():
-            x = self.embed(ids)
+            x = self.embed(ids)                                   # (1, N, d)
             cos, sin = self.rotary(x, pos)
             for li, layer in enumerate(self.layers):
                 attn = layer.self_attn
                 h = layer.input_layernorm(x)
-                q = attn.q_proj(h).view(B, Q, self.n_heads, self.head_dim)
-                k = attn.k_proj(h).view(B, Q, self.n_kv, self.head_dim)
-                v = attn.v_proj(h).view(B, Q, self.n_kv, self.head_dim)
+                q = attn.q_proj(h).view(1, N, self.n_heads, self.head_dim)
+                k = attn.k_proj(h).view(1, N, self.n_kv, self.head_dim)
+                v = attn.v_proj(h).view(1, N, self.n_kv, self.head_dim)
                 if hasattr(attn, "q_norm"):
                     q, k = attn.q_norm(q), attn.k_norm(k)
                 q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-                q, k = apply_rotary_pos_emb(q, k, cos, sin)
+                q, k = apply_rotary_pos_emb(q, k, cos, sin)       # (1, heads, N, head_dim)
                 Kc, Vc = self.k[li], self.v[li]
-                for b, (s, n, ln) in enumerate(zip(slots, ns, lens, strict=True)):
-                    Kc[s, :, ln:ln + n] = k[b, :, :n]
-                    Vc[s, :, ln:ln + n] = v[b, :, :n]
-                if contiguous:
-                    Ka, Va = Kc[slots[0]:slots[0] + B, :, :T], Vc[slots[0]:slots[0] + B, :, :T]
-                else:
-                    Ka, Va = Kc[sl_idx, :, :T], Vc[sl_idx, :, :T]
-                o = torch.nn.functional.scaled_dot_product_attention(
-                    q, Ka, Va, attn_mask=mask, scale=attn.scaling, enable_gqa=self.n_kv != self.n_heads,
-                )
-                o = o.transpose(1, 2).reshape(B, Q, self.n_heads * self.head_dim)
-                x = x + attn.o_proj(o)
+                for (s, _), a, n, ln in zip(batch, starts[:-1], ns, lens, strict=True):
+                    Kc[s, :, ln:ln + n] = k[0, :, a:a + n]
+                    Vc[s, :, ln:ln + n] = v[0, :, a:a + n]
+                o = q.new_empty((N, self.n_heads * self.head_dim))
+                for g in groups:
+                    if g.contiguous is not None:
+                        Ka = Kc[g.contiguous:g.contiguous + g.size, :, :g.T]
+                        Va = Vc[g.contiguous:g.contiguous + g.size, :, :g.T]
+                    else:
+                        Ka, Va = Kc[g.slots, :, :g.T], Vc[g.slots, :, :g.T]
+                    qg = q[0][:, g.gather].transpose(0, 1)            # (rows, heads, Q, head_dim)
+                    og = torch.nn.functional.scaled_dot_product_attention(
+                        qg, Ka, Va, attn_mask=g.mask, scale=attn.scaling, enable_gqa=self.n_kv != self.n_heads,
+                    )
+                    og = og.transpose(1, 2).reshape(-1, self.n_heads * self.head_dim)
+                    o[g.scatter] = og[g.valid]
+                x = x + attn.o_proj(o[None])
                 x = x + layer.mlp(layer.post_attention_layernorm(x))
         for (s, _), n in zip(batch, ns, strict=True):
             self.slots[s].length += n
-        xf = x.float().cpu()
-        return [xf[b, :n] for b, n in enumerate(ns)]
+        xf = x[0].float().cpu()
+        return [xf[a:a + n] for a, n in zip(starts[:-1], ns, strict=True)]
+
+    def _attention_group(self, rows: list[int], batch: list[tuple[int, list[int]]], ns: list[int],
+                         lens: list[int], starts: list[int]) -> _Group:
+        """Where a group's rows sit in the packed sequence, padded to its longest row, and their mask:
+
+            query q of row b (absolute position len_b + q) may attend key j  iff  j <= len_b + q
+            padded queries (q >= n_b) attend only key 0; their outputs are dropped"""
+        import torch
+
+        dev = self.device
+        Q = max(ns[i] for i in rows)
+        T = max(lens[i] + ns[i] for i in rows)
+        qi = torch.arange(Q, device=dev)[None, :]                               # (1, Q)
+        n = torch.tensor([ns[i] for i in rows], device=dev)[:, None]            # (B, 1)
+        a = torch.tensor([starts[i] for i in rows], device=dev)[:, None]
+        ln = torch.tensor([lens[i] for i in rows], device=dev)[:, None, None]
+        pad = qi >= n                                                           # (B, Q)
+        gather = torch.where(pad, a, a + qi)          # a padded query reads its row's first token
+        kidx = torch.arange(T, device=dev)[None, None, :]
+        mask = torch.where(pad[:, :, None], kidx == 0, kidx <= ln + qi[:, :, None])[:, None]   # (B, 1, Q, T)
+        slots = [batch[i][0] for i in rows]
+        contiguous = slots[0] if slots == list(range(slots[0], slots[0] + len(slots))) else None
+        valid = ~pad.reshape(-1)
+        return _Group(size=len(rows), T=T, gather=gather, mask=mask, valid=valid, scatter=gather.reshape(-1)[valid],
+                      slots=torch.tensor(slots, device=dev), contiguous=contiguous)
+
+
+@dataclass
+class _Group:
+    """One attention group of a packed step (see :meth:`SlotRunner._attention_group`)."""
+
+    size: int
+    T: int
+    gather: Any
+    mask: Any
+    valid: Any
+    scatter: Any
+    slots: Any
+    contiguous: int | None
 
 
 def _length_groups(ns: Sequence[int], waste: float = 2.0) -> list[list[int]]:
     """Indices of ``ns`` grouped so that, in each group, the longest row is at most ``waste`` times the
-    shortest (padded tokens stay below half of a group's forward)."""
+    shortest (padded queries stay below half of a group's attention)."""
     order = sorted(range(len(ns)), key=lambda i: ns[i])
     groups: list[list[int]] = []
     for i in order:

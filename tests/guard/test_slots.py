@@ -115,3 +115,20 @@ async def test_a_waiter_cancelled_after_its_grant_hands_the_slot_on() -> None:
     await eng.release(slot)
     assert runner.n_active == 0
     await eng.close()
+
+
+async def test_forwards_queued_a_few_loop_turns_apart_share_one_step() -> None:
+    """Streams woken together reach the guard some event-loop turns apart: they still run in one step,
+    not the first alone and the rest in the next."""
+    eng, runner = _engine(4)
+    slots = [await eng.acquire() for _ in range(4)]
+
+    async def feed(i: int) -> object:
+        for _ in range(i):          # stream i arrives i turns after the first
+            await asyncio.sleep(0)
+        return await eng.forward(slots[i], [i + 1, i + 2])
+
+    outs = await asyncio.gather(*(feed(i) for i in range(4)))
+    assert runner.batches == [4]
+    assert [len(o) for o in outs] == [2, 2, 2, 2]        # type: ignore[arg-type]
+    await eng.close()
