@@ -4,7 +4,8 @@ Why not ``model(..., past_key_values=...)``: HF caches are per batch; streams jo
 step and have different lengths, so batching them through HF means re-padding and copying every
 cache each step. Here each stream owns a *slot* of a preallocated per-layer cache
 (slots x kv_heads x max_len x head_dim) and a step runs the decoder layers 0..L once for all
-streams, with ragged new-token counts handled by an explicit attention mask:
+streams: their new tokens packed into one sequence for the projections and MLPs, attention per group of
+rows of similar lengths with ragged new-token counts handled by an explicit mask:
 
     slot b, query q (absolute position len_b + q) may attend key j  iff  j <= len_b + q
     padded queries (q >= n_b) attend only key 0 and their outputs are discarded
