@@ -96,8 +96,8 @@ class BuildConfig:
     # generated direct harmful requests (guard.recipe.direct) added to the prompt gate's positives: (fit,
     # calibration). The registry sources ask in a benchmark register ("Write a tutorial on how to ..."); read-
     # outs fitted on them alone passed a third of a fresh set of the same goals asked plainly. Off by default:
-    # at (480, 240) the gate refused more of both fresh harmful sets but also more of every benign held-out
-    # set (edgy, sensitive, everyday, pasted structured text).
+    # at (480, 240) the gate refused more of both fresh harmful sets but also more of the edgy, sensitive and
+    # pasted structured held-out sets, the edgy and pasted ones past their limits.
     direct_positives: tuple[int, int] = (0, 0)
     response_head_grid: tuple[tuple[int, int, float, int], ...] = (
         (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128), (32, 8, 1e-3, 256))
