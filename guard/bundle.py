@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from guard.monitor import GateScorer, Head, Pooling
+from guard.monitor import ContextTerm, GateScorer, Head, Pooling
 from guard.sae import SelectedEncoder
 
 MANIFEST = "manifest.json"
@@ -65,6 +65,8 @@ class GateSpec:
     # calibration scores of benign traffic held to the same budget on its own (generated structured prompts):
     # a budget's threshold is the strictest of these and the one over ``benign_scores``
     own_budget_scores: dict[str, list[float]] = field(default_factory=dict)
+    # a response gate's term for the conversation's own risk (:class:`guard.monitor.ContextTerm`)
+    context: ContextTerm | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"overall": self.overall.to_dict(), "pooling": {"window": self.pooling.window, "min_count": self.pooling.min_count,
@@ -72,7 +74,8 @@ class GateSpec:
                 "threshold": self.threshold, "categories": {c: h.to_dict() for c, h in self.categories.items()},
                 "category_thresholds": self.category_thresholds, "calibration": self.calibration,
                 "benign_scores": [float(x) for x in self.benign_scores],
-                "own_budget_scores": {k: [float(x) for x in v] for k, v in self.own_budget_scores.items()}}
+                "own_budget_scores": {k: [float(x) for x in v] for k, v in self.own_budget_scores.items()},
+                "context": None if self.context is None else self.context.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GateSpec:
@@ -80,7 +83,8 @@ class GateSpec:
                    {c: Head.from_dict(h) for c, h in d.get("categories", {}).items()},
                    {c: float(v) for c, v in d.get("category_thresholds", {}).items()}, d.get("calibration", {}),
                    [float(x) for x in d.get("benign_scores", [])],
-                   {k: [float(x) for x in v] for k, v in d.get("own_budget_scores", {}).items()})
+                   {k: [float(x) for x in v] for k, v in d.get("own_budget_scores", {}).items()},
+                None if d.get("context") is None else ContextTerm.from_dict(d["context"]))
 
     def threshold_for_budget(self, budget: float) -> float:
         """The lowest threshold that flags at most ``budget`` of the calibration split's benign traffic."""
@@ -98,7 +102,8 @@ class GateSpec:
         return max(at_budget(v) for v in [self.benign_scores, *(x for x in self.own_budget_scores.values() if x)])
 
     def all_ids(self) -> list[int]:
-        return sorted({j for h in [self.overall, *self.categories.values()] for j in h.ids})
+        heads = [self.overall, *self.categories.values(), *([self.context.head] if self.context else [])]
+        return sorted({j for h in heads for j in h.ids})
 
 
 @dataclass
@@ -144,7 +149,7 @@ class MonitorSpec:
     def scorer(self, gate: str, threshold: float | None = None) -> GateScorer:
         g = self.gates[gate]
         return GateScorer(g.overall, self.encoder.ids, g.threshold if threshold is None else float(threshold), g.pooling,
-                          g.categories, g.category_thresholds)
+                          g.categories, g.category_thresholds, g.context)
 
 
 def load_model_for(artifacts: str | Path, monitored: str, base_model: str | None = None,

@@ -51,6 +51,16 @@ def _build(args: argparse.Namespace) -> int:
     from guard.recipe.pipeline import PRESETS, build
 
     cfg = _apply(PRESETS[args.preset], _parse_overrides(args.set))
+    if args.prompt_gate_only and args.response_context_only:
+        raise SystemExit("--prompt-gate-only and --response-context-only refit different parts: run them one after the other")
+    if args.response_context_only:
+        from guard.recipe.context_refit import refit_response_context
+
+        prov = refit_response_context(args.out, base_model=args.base_model, preset=args.preset, work_dir=args.work_dir,
+                                      overrides={f.name: getattr(cfg, f.name) for f in fields(cfg)},
+                                      commit_stages=args.commit_stages)
+        sys.stdout.write(json.dumps(prov["context_refits"][-1], default=str) + "\n")
+        return 0
     if args.prompt_gate_only:
         from guard.recipe.prompt_gate import refit_prompt_gate
 
@@ -157,6 +167,9 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     b.add_argument("--prompt-gate-only", action="store_true",
                    help="refit only the prompt gate of the finished build in --out, from its own dataset (forwards the "
                         "prompt samples alone; the safeguard, SAE, layer and response gate stay as built)")
+    b.add_argument("--response-context-only", action="store_true",
+                   help="fit only the response gate's context term of the finished build in --out (forwards the "
+                        "calibration answers alone; every read-out stays as built)")
     b.set_defaults(func=_build)
     r = gs.add_parser("refresh-data", help="regenerate one prompt family's rows of a dataset after its prompt list changed")
     r.add_argument("family", help="the prompt family (sensitive)")

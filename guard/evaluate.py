@@ -39,7 +39,7 @@ from guard.monitor import GateScorer, score_sequence
 from guard.recipe import calibration as C
 from guard.recipe.encode import guard_tokens
 from guard.recipe.sources import Sample, data_hash
-from guard.text import Conversation, prompt_views, user
+from guard.text import Conversation, prompt_views, token_span, user
 
 log = logging.getLogger(__name__)
 WITHIN = (16, 32, 128)
@@ -74,9 +74,10 @@ class Scored:
 
 
 def residual_rows(model: Any, tok: Any, layer: int, samples: Sequence[Sample], max_tokens: int = 2048,
-                  batch_tokens: int = 6144) -> list[tuple[Any, tuple[int, int], int | None]]:
-    """(residual after layer L, scored span, onset token within the span) per sample; conversations longer
-    than ``max_tokens`` keep their end, as the guard's context does."""
+                  batch_tokens: int = 6144) -> list[tuple[Any, tuple[int, int], int | None, tuple[int, int] | None]]:
+    """(residual after layer L, scored span, onset token within the span, the answered conversation's span for
+    a response) per sample; conversations longer than ``max_tokens`` keep their end, as the guard's context
+    does."""
     from guard.recipe.sae import residuals_at
 
     metas = []
@@ -89,7 +90,8 @@ def residual_rows(model: Any, tok: Any, layer: int, samples: Sequence[Sample], m
         if s.onset is not None:
             lim = gt.char_start + s.onset
             onset = next((k - span[0] for k in range(span[0], span[1]) if offs[k][1] > lim), span[1] - span[0])
-        metas.append((ids, span, onset))
+        ctx = None if gt.context is None else token_span(offs, *gt.context)
+        metas.append((ids, span, onset, ctx))
     out: list[Any] = [None] * len(samples)
     order = sorted(range(len(samples)), key=lambda i: len(metas[i][0]))
     i = 0
@@ -100,16 +102,17 @@ def residual_rows(model: Any, tok: Any, layer: int, samples: Sequence[Sample], m
             batch = batch[:-1]
         i += len(batch)
         for j, r in zip(batch, residuals_at(model, [metas[j][0] for j in batch], [layer]), strict=True):
-            out[j] = (r[layer].float(), metas[j][1], metas[j][2])
+            out[j] = (r[layer].float(), metas[j][1], metas[j][2], metas[j][3])
     return out
 
 
 def score_rows(rows: Sequence[Any], samples: Sequence[Sample], spec: MonitorSpec, gates: dict[str, GateScorer],
                norm_ratio: float = 10.0) -> list[Scored]:
     out = []
-    for (resid, span, onset), s in zip(rows, samples, strict=True):
+    for (resid, span, onset, ctx), s in zip(rows, samples, strict=True):
         acts = spec.encoder.encode(resid).numpy()
-        seq = score_sequence(gates[s.gate], acts, resid.norm(dim=-1).numpy(), span, norm_ratio=norm_ratio)
+        seq = score_sequence(gates[s.gate], acts, resid.norm(dim=-1).numpy(), span, norm_ratio=norm_ratio,
+                             context_span=ctx)
         out.append(Scored(seq.c, seq.cut, seq.score, span[1] - span[0], onset))
     return out
 

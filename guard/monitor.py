@@ -12,6 +12,14 @@ Per valid token t of a gate (prompt tokens, or response tokens with the conversa
    the whole window's evidence, and a long answer does not push the score up by being long;
 5. the stream is cut at the first valid token with c_t > gamma (strict ``>``, the same rule in calibration).
 
+A response gate may add a **context term**. With P the mean of a read-out's contributions over the kept tokens of
+the conversation the response answers, as the prompt gate reads it (without the first role label and the
+response label: on a short request they would be a large part of the mean),
+c'_t = b + e^(k·P) (c_t − b) + a·P: the riskier the request, the less evidence from the answer itself a cut
+needs. An answer is unsafe or not by what it answers: the served model's compliance with a harmful request
+reads much like its other answers, so a response read-out alone cannot tell them apart; scaled by the
+conversation's own risk it can, and a refusal (whose read-out evidence is negative) stays low.
+
 The paper's reference scorer is the special case W = M = 1, s = 1, clip = inf, b = 0, w = the standardised
 mean differences: c_t = sum_j s_j a_tj and the cut is the first crossing of the running max.
 
@@ -151,6 +159,34 @@ class _Readout:
         return self.features(acts) @ self.w
 
 
+@dataclass(frozen=True)
+class ContextTerm:
+    """How a response gate's scores depend on the context: with P = the mean contribution of ``head`` over the
+    kept context tokens, every c_t becomes b + e^(scale·P) (c_t − b) + weight·P."""
+
+    head: Head
+    weight: float = 0.0
+    scale: float = 0.0
+
+    # e^(scale·P) is kept within e^±MAX_EXP, so a context far outside what the term was fitted on cannot
+    # make the answer's evidence vanish or explode
+    MAX_EXP = 5.0
+
+    def apply(self, total: float, n: int) -> tuple[float, float]:
+        """(offset, multiplier) for a context whose kept tokens contributed ``total`` over ``n`` tokens."""
+        if not n:
+            return 0.0, 1.0
+        p = total / n
+        return self.weight * p, math.exp(max(-self.MAX_EXP, min(self.MAX_EXP, self.scale * p)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"head": self.head.to_dict(), "weight": self.weight, "scale": self.scale}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ContextTerm:
+        return cls(Head.from_dict(d["head"]), float(d.get("weight", 0.0)), float(d.get("scale", 0.0)))
+
+
 @dataclass
 class GateScorer:
     """Scores of one gate from activations of the union of its latents.
@@ -164,18 +200,42 @@ class GateScorer:
     pooling: Pooling = field(default_factory=Pooling)
     categories: dict[str, Head] = field(default_factory=dict)
     category_thresholds: dict[str, float] = field(default_factory=dict)
+    context: ContextTerm | None = None
 
     def __post_init__(self) -> None:
         pos = {c: i for i, c in enumerate(self.columns)}
-        missing = sorted({j for h in [self.overall, *self.categories.values()] for j in h.ids} - set(pos))
+        heads = [self.overall, *self.categories.values(), *([self.context.head] if self.context else [])]
+        missing = sorted({j for h in heads for j in h.ids} - set(pos))
         if missing:
             raise ValueError(f"activation columns lack selected latents {missing[:8]}")
+        if self.context is not None and self.pooling.final:
+            raise ValueError("a context term belongs to a gate that scores a response after its context")
         self._ov = _Readout(self.overall, pos)
         self._cat = {c: _Readout(h, pos) for c, h in self.categories.items()}
+        self._ctx = None if self.context is None else _Readout(self.context.head, pos)
 
     def with_threshold(self, threshold: float) -> GateScorer:
         return GateScorer(self.overall, self.columns, float(threshold), self.pooling, self.categories,
-                          self.category_thresholds)
+                          self.category_thresholds, self.context)
+
+    def context_sum(self, acts: np.ndarray, kept: np.ndarray) -> tuple[float, int]:
+        """The context read-out's summed contribution over the kept rows of (T, n_columns) and their count."""
+        k = np.asarray(kept, dtype=bool)
+        if self._ctx is None or not k.any():
+            return 0.0, 0
+        return float(self._ctx.contrib(np.atleast_2d(acts)[k]).sum()), int(k.sum())
+
+    def context_effect(self, acts: np.ndarray, kept: np.ndarray) -> tuple[float, float]:
+        """(offset, multiplier) of the context term for the context tokens' activations and norm-filter mask;
+        (0, 1) without a term."""
+        if self.context is None:
+            return 0.0, 1.0
+        return self.context.apply(*self.context_sum(acts, kept))
+
+    def with_context(self, c: np.ndarray, offset: float, mult: float) -> np.ndarray:
+        """Scores c_t of the read-out alone -> the scores with the context term."""
+        b = self.overall.bias
+        return b + mult * (np.asarray(c) - b) + offset
 
     def contributions(self, acts: np.ndarray) -> np.ndarray:
         """(T, n_columns) -> (T,) per-token u_t of the overall head."""
@@ -221,13 +281,23 @@ class SequenceScore:
 
 
 def score_sequence(scorer: GateScorer, acts: np.ndarray, norms: np.ndarray, span: tuple[int, int],
-                   threshold: float | None = None, norm_ratio: float = 10.0) -> SequenceScore:
+                   threshold: float | None = None, norm_ratio: float = 10.0,
+                   context_span: tuple[int, int] | None = None) -> SequenceScore:
     """Offline scoring of one formatted sample. ``acts``/``norms`` cover all tokens (context included)
-    because the causal norm filter's median runs over every position from 0."""
+    because the causal norm filter's median runs over every position from 0. ``context_span``: the tokens of
+    the conversation a response answers (:attr:`guard.text.GuardText.context`), which a gate with a context
+    term reads."""
     kept_all = causal_norm_mask(norms, norm_ratio)
     s, e = span
     a = np.asarray(acts, dtype=np.float64)[s:e] * kept_all[s:e, None]
     c = scorer.scores(a) if e > s else np.zeros(0)
+    if scorer.context is not None and len(c):
+        if context_span is None:
+            raise ValueError("this gate's context term needs the token span of the conversation the response answers")
+        cs, ce = context_span
+        if not 0 <= cs <= ce <= s:
+            raise ValueError(f"the context span {context_span} must lie before the scored span {span}")
+        c = scorer.with_context(c, *scorer.context_effect(np.asarray(acts, dtype=np.float64)[cs:ce], kept_all[cs:ce]))
     thr = scorer.threshold if threshold is None else threshold
     return SequenceScore(c=c, score=peak(c, scorer.pooling), cut=first_crossing(c, thr, scorer.pooling),
                          kept=kept_all[s:e], acts=a)
@@ -248,11 +318,25 @@ class StreamScorer:
         self.n_valid = 0
         self.max_c = NEG
         self.last: dict[str, Any] = {}
+        self.offset, self.mult = 0.0, 1.0        # the gate's context term, fixed once the context is read
+        self._ctx_sum, self._ctx_n = 0.0, 0
 
-    def context(self, norms: Sequence[float]) -> None:
-        """Tokens that are not scored (the conversation before the response) still feed the running median."""
-        for x in norms:
-            self.norms.step(float(x))
+    def context(self, norms: Sequence[float], acts: np.ndarray | None = None,
+                span: tuple[int, int] | None = None) -> None:
+        """Tokens that are not scored (the conversation before the response) still feed the running median;
+        a gate with a context term also reads their activations (``acts``, one row per norm) over ``span``
+        (the rows of the conversation the response answers, as in :func:`score_sequence`)."""
+        kept = [self.norms.step(float(x)) for x in norms]
+        if self.scorer.context is not None:
+            if acts is None or len(acts) != len(kept) or span is None:
+                raise ValueError("this gate's context term needs the context tokens' activations, one row per norm, "
+                                 "and the span of the conversation the response answers")
+            a, b = span
+            if not 0 <= a <= b <= len(kept):
+                raise ValueError(f"context span {span} outside the {len(kept)} context rows")
+            total, n = self.scorer.context_sum(np.asarray(acts, dtype=np.float64)[a:b], np.array(kept[a:b], dtype=bool))
+            self._ctx_sum, self._ctx_n = self._ctx_sum + total, self._ctx_n + n
+            self.offset, self.mult = self.scorer.context.apply(self._ctx_sum, self._ctx_n)
 
     def step(self, acts_row: np.ndarray, norm: float) -> tuple[float, bool]:
         """Score one valid token: returns (c_t, cut_now)."""
@@ -262,7 +346,7 @@ class StreamScorer:
         self._win.append(float(self.scorer.contributions(row[None, :])[0]))
         self._rows.append(row)
         self.n_valid += 1
-        c = self.scorer.overall.bias + sum(self._win) / max(len(self._win), p.min_count)
+        c = self.scorer.overall.bias + self.offset + self.mult * (sum(self._win) / max(len(self._win), p.min_count))
         self.max_c = max(self.max_c, c)
         self.last = {"c": c}
         return c, bool(c > self.threshold)
@@ -270,10 +354,10 @@ class StreamScorer:
     def snapshot(self) -> tuple[Any, ...]:
         """The running state, for :meth:`restore` after scoring tokens that may still change."""
         return (list(self.norms._sorted), deque(self._win, maxlen=self._win.maxlen),
-                deque(self._rows, maxlen=self._rows.maxlen), self.n_valid, self.max_c, dict(self.last))
+                deque(self._rows, maxlen=self._rows.maxlen), self.n_valid, self.max_c, dict(self.last), self.offset, self.mult)
 
     def restore(self, state: tuple[Any, ...]) -> None:
-        sorted_norms, win, rows, self.n_valid, self.max_c, self.last = state
+        sorted_norms, win, rows, self.n_valid, self.max_c, self.last, self.offset, self.mult = state
         self.norms._sorted = list(sorted_norms)
         self._win, self._rows = deque(win, maxlen=win.maxlen), deque(rows, maxlen=rows.maxlen)
 

@@ -51,6 +51,7 @@ from guard.text import (
     Conversation,
     GuardText,
     ResponseFeed,
+    context_chars,
     conversation_text,
     prompt_text,
     prompt_views,
@@ -312,7 +313,8 @@ class NextGuard:
             finally:
                 await self.engine.release(slot)
         acts, norms = rows
-        s = score_sequence(gate, acts, norms, span, norm_ratio=self.settings.norm_ratio)
+        ctx_span = None if gt.context is None else token_span(offs, *gt.context)
+        s = score_sequence(gate, acts, norms, span, norm_ratio=self.settings.norm_ratio, context_span=ctx_span)
         return {"ids": ids, "offs": offs, "span": span, "gt": gt, "seq": s}
 
     async def _shared_rows(self, text: str, ids: list[int]) -> tuple[Any, Any] | None:
@@ -465,7 +467,10 @@ class NextGuard:
             upstream = _ReadAhead(deltas)       # the generator starts now, beside the context forward below
             try:
                 ctx_text = response_context(context)
-                ctx = await asyncio.to_thread(lambda: self._tok(ctx_text, add_special_tokens=False)["input_ids"])
+                enc = await asyncio.to_thread(lambda: self._tok(ctx_text, add_special_tokens=False,
+                                                                return_offsets_mapping=True))
+                ctx = list(enc["input_ids"])
+                ctx_span = token_span([tuple(o) for o in enc["offset_mapping"]], *context_chars(context))
                 if len(ctx) >= self.settings.max_len:
                     raise GuardError(f"conversation of {len(ctx)} tokens exceeds the guard's max_len {self.settings.max_len}")
                 ctx_acts, ctx_norms = await self.engine.forward(slot, ctx)
@@ -474,7 +479,7 @@ class NextGuard:
                     # a prompt gate already waiting has it; one that comes later reads the text itself, so
                     # the rows are not kept for the whole stream
                     self._withdraw_context(key, offer)
-                st.scorer.context(ctx_norms.tolist())
+                st.scorer.context(ctx_norms.tolist(), ctx_acts, ctx_span)
                 text_len = 0
                 if carry:
                     # The answer so far (already the client's) fills the window before the first new token, so a

@@ -55,6 +55,9 @@ class GuardText:
     text: str
     char_start: int      # first character of the scored span
     char_end: int        # one past the last character
+    # a response's text: the characters of the conversation it answers as the prompt gate reads them (after the
+    # first role label, before the response label); what a response gate's context term reads
+    context: tuple[int, int] | None = None
 
 
 def conversation_text(conv: Conversation) -> str:
@@ -111,12 +114,17 @@ def response_context(conv: Conversation) -> str:
     return conversation_text(conv) + RESPONSE_LABEL
 
 
+def context_chars(conv: Conversation) -> tuple[int, int]:
+    """The characters of :func:`response_context` (and of :func:`response_text`) that the prompt gate reads."""
+    return prompt_text(conv).char_start, len(conversation_text(conv))
+
+
 def response_text(conv: Conversation, response: str) -> GuardText:
     """The response gate's input: conversation as context, the response as the scored span."""
     head = response_context(conv)
     body = response.lstrip()
     text = head + " " + body
-    return GuardText(text, len(head) + 1, len(text))
+    return GuardText(text, len(head) + 1, len(text), context_chars(conv))
 
 
 class ResponseFeed:

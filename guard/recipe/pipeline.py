@@ -33,6 +33,13 @@ from guard.recipe import data as DATA
 from guard.recipe.direct import SOURCE as DIRECT_SOURCE
 from guard.recipe.edgy import SOURCE as EDGY_SOURCE
 from guard.recipe.encode import TokenData
+from guard.recipe.response_context import (
+    CONTEXT_GRID,
+    cache_rows,
+    context_scores,
+    fit_context_term,
+    with_response_gate,
+)
 from guard.recipe.sae import SAEConfig, sae_key_fields
 from guard.recipe.safeguard import SafeguardConfig, train_safeguard, training_key_fields, verdict_scores
 from guard.recipe.selection import (
@@ -103,6 +110,9 @@ class BuildConfig:
         (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128), (32, 8, 1e-3, 256))
     budget_prompt: float = 0.02      # share of benign prompts the prompt gate may refuse (calibration split)
     budget_response: float = 0.02    # share of full-length benign answers the response gate may cut
+    # (weight, scale) pairs of the response gate's context term (the request's risk as the prompt read-out reads
+    # it) tried on the calibration split (guard.recipe.response_context); () = no context term
+    response_context_grid: tuple[tuple[float, float], ...] = CONTEXT_GRID
     max_tokens: int = 2048           # guard context used for fitting (longer conversations keep their end)
     category_latents: int = 24
     posthoc_samples: int = 200       # per split and gate, for the safeguard's post-hoc verdict numbers
@@ -772,7 +782,7 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     # some, so the monitors of a build made before they existed keep their key
     fit_key = _hash([lc_key, cfg.prompt_head_grid, cfg.prompt_head_fit, cfg.prompt_refit_grid, cfg.prompt_refit_c,
                      cfg.structured_negatives, STRUCTURED_RULE, cfg.response_head_grid, cfg.edgy_negatives,
-                     *([cfg.direct_positives] if sum(cfg.direct_positives) else [])])
+                     *([cfg.direct_positives] if sum(cfg.direct_positives) else []), cfg.response_context_grid])
     lc_file = work / f"layer_choice-{lc_key}.json"
     layer_report: dict[str, Any] = json.loads(lc_file.read_text()) if lc_file.is_file() else {}
     for li, layer in enumerate(layers if len(layers) > 1 else ()):
@@ -815,7 +825,7 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
         if name == "lora" or "lora" not in cfg.monitored:
             tsel = {g: enc["select"][g][chosen] for g in GATES}
             tcal = {g: enc["calib"][g][chosen] for g in GATES}
-            net = lora
+            net, net_cache = lora, cache
         else:
             # the base network's residuals at the chosen layer, encoded with the same SAE
             prog.start("cache_base")
@@ -835,13 +845,20 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
                         base_td[f"{nm}/{g}"] = btd
             tsel = {g: base_td[f"select/{g}"] for g in GATES}
             tcal = {g: base_td[f"calib/{g}"] for g in GATES}
-            net = base_m
+            net, net_cache = base_m, bcache
         prog.start(stage)
         extra = generated_prompts(net, tok, sae, chosen, cfg, work / "encoded" / f"{name}-{sae_key}-L{chosen}") \
             if has_generated(cfg) else None
         fits, rep = fit_monitor(tsel, by_sel, tcal, by_cal, cfg, grid=True, extra=extra)
         spec = MonitorSpec.from_gates({g: fits[g].spec for g in GATES}, sae, name, {"monitored": name, "layer": chosen},
                                       {g: fits[f"reference/{g}"].spec for g in GATES})
+        if cfg.response_context_grid:
+            # the response gate's context term, on the calibration answers' whole rows (context included)
+            r_idx = gidx["calib"]["response"]
+            ctx = context_scores(spec, cache_rows(net_cache, chosen, spec, tok, every, r_idx))
+            r_gate, rep["response"]["context"] = fit_context_term(spec, [every[i] for i in r_idx], ctx,
+                                                                    cfg.budget_response, cfg.response_context_grid)
+            spec = with_response_gate(spec, r_gate)
         spec.save(out / "monitors" / name)
         m_rec.write_text(json.dumps({"key": _hash([fit_key, name, chosen]), "report": rep}, default=str))
         monitors[name] = rep

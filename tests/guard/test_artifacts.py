@@ -81,6 +81,13 @@ def test_monitor_is_sparse_and_calibrated_under_the_budget(name: str) -> None:
         # clearly better at the same false-positive rate
         recall = g.calibration["calib"]["recall"]
         assert 2 * budget < recall <= 1.0
+        if g.context is not None:
+            # the response gate's context term: the calibration split's choice, at the threshold it was chosen
+            # with, and no worse there than the read-out alone
+            ctx = g.calibration["context"]
+            assert gate == "response" and ctx["chosen"]["threshold"] == g.threshold
+            assert [ctx["chosen"]["weight"], ctx["chosen"]["scale"]] in [list(t) for t in cfg["response_context_grid"]]
+            assert ctx["chosen"]["f1"] >= ctx["tried"][0]["f1"] and ctx["chosen"]["benign_cut"] <= budget
         spec.scorer(gate)                     # builds: every read-out latent has an encoder column
 
 

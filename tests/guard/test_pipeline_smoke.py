@@ -64,6 +64,13 @@ def test_build_outputs(built):
         assert h["calibration"]["calib"]["budget"] == 0.02
         assert h["calibration"]["calib"]["flagged_benign_traffic"] <= 0.02 + 1e-9
         assert heads["reference"][g]["overall"]["ids"]
+    # the response gate's context term was chosen on the calibration answers, every weight tried recorded
+    ctx = prov["monitors"]["lora"]["response"]["context"]
+    assert len(ctx["tried"]) == len(prov["config"]["response_context_grid"])
+    assert ctx["chosen"]["benign_cut"] <= 0.02 + 1e-9 and ctx["chosen"]["f1"] == max(t["f1"] for t in ctx["tried"])
+    resp = heads["response"]
+    assert resp["threshold"] == ctx["chosen"]["threshold"]
+    assert (resp["context"] is None) == (ctx["chosen"]["weight"] == ctx["chosen"]["scale"] == 0.0)
 
 
 def test_eval_and_bench_run(built, tmp_path):
@@ -185,6 +192,38 @@ def test_prompt_gate_refit_keeps_everything_else(built, tmp_path):
     with pytest.raises(ValueError, match="sae"):
         refit_prompt_gate(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
                           overrides={"threads": 1, "sae": replace(SMOKE.sae, k=4)})
+
+
+def test_response_context_refit_keeps_every_read_out(built, tmp_path):
+    """Fitting the response context term alone changes only the response gate's term, threshold and benign
+    scores; read-outs, prompt gate and SAE stay as built, and a setting of a kept part is refused."""
+    import shutil
+
+    from guard.recipe.context_refit import refit_response_context
+
+    d, _ = built
+    art = tmp_path / "art"
+    shutil.copytree(d / "art", art)
+    heads = {n: json.loads((art / "monitors" / n / "heads.json").read_text()) for n in ("lora", "base")}
+    sae = (art / "sae" / "sae_weights.safetensors").read_bytes()
+    new = refit_response_context(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
+                                 overrides={"threads": 1, "response_context_grid": ((0.0, 0.0), (0.5, 0.0), (0.0, 0.2))})
+    rec = new["context_refits"][-1]
+    assert rec["grid"] == new["config"]["response_context_grid"] == [[0.0, 0.0], [0.5, 0.0], [0.0, 0.2]]
+    for n in ("lora", "base"):
+        after = json.loads((art / "monitors" / n / "heads.json").read_text())
+        assert after["prompt"] == heads[n]["prompt"] and after["reference"] == heads[n]["reference"]
+        assert after["response"]["overall"] == heads[n]["response"]["overall"]
+        ctx = after["response"]["calibration"]["context"]
+        assert [(t["weight"], t["scale"]) for t in ctx["tried"]] == [(0.0, 0.0), (0.0, 0.2), (0.5, 0.0)]
+        assert after["response"]["threshold"] == ctx["chosen"]["threshold"] == rec["monitors"][n]["chosen"]["threshold"]
+        if after["response"]["context"] is not None:
+            assert after["response"]["context"]["head"] == heads[n]["prompt"]["overall"]
+        assert json.loads((art / "monitors" / n / "build.json").read_text())["key"].startswith("context-refit:")
+    assert (art / "sae" / "sae_weights.safetensors").read_bytes() == sae
+    with pytest.raises(ValueError, match="budget_response"):
+        refit_response_context(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
+                               overrides={"threads": 1, "budget_response": 0.05})
 
 
 def test_ladder_runs_on_the_build_cache(built, tmp_path):

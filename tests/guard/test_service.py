@@ -632,3 +632,35 @@ async def test_a_continued_answer_is_not_shared_with_the_prompt_gate(tok, tmp_pa
     # alone is forwarded in a slot of its own.
     assert prompt_views(conv) == [user("tell me a story"), user("once upon a time")]
     assert cut is None and allocs == 3 and g._contexts == {}
+
+
+async def test_response_context_term_streams_as_scored_offline(tok, tmp_path):
+    """A response gate with a context term: the same answer is cut after a request that reads as risky and
+    passes after a calm one, and the stream cuts at the token and score the offline scoring gives."""
+    from dataclasses import replace
+
+    from guard.bundle import MonitorSpec
+    from guard.monitor import ContextTerm, Head
+
+    g, _, _ = make_guard(tok, tmp_path)
+    spec = g.spec
+    # latent 7 fires on " bomb": a request that names one lifts every score of its answer by 10 x its mean
+    term = ContextTerm(Head([7], [1.0]), 10.0, 0.0)
+    g._spec = MonitorSpec(spec.encoder, {"prompt": spec.gates["prompt"],
+                                         "response": replace(spec.gates["response"], context=term)}, "test")
+    risky, calm = user("how to build a bomb"), user("how to build a shed")
+    answer = "hello there my friend , how are you today ?"
+    off_risky, off_calm = await g.score_text(risky, answer), await g.score_text(calm, answer)
+    assert off_calm["cut"] is None and off_risky["cut"] is not None
+    assert min(off_risky["scores"]) > max(off_calm["scores"]) + 0.5
+    # the term is the request's mean: more calm words around the same one give a smaller lift
+    longer = await g.score_text(user("how to build a bomb shelter for the garden in the rain"), answer)
+    assert max(longer["scores"]) < max(off_risky["scores"])
+    got = [x async for x in g.watch(risky, _agen(_deltas(answer, tok)), GuardPolicy())]
+    cut = got[-1]
+    assert isinstance(cut, SafetyCut) and cut.gate == "response"
+    assert cut.score == pytest.approx(off_risky["scores"][off_risky["cut"]["token_offset"]], rel=1e-6)
+    assert cut.token_offset == off_risky["cut"]["token_offset"]
+    passed = [x async for x in g.watch(calm, _agen(_deltas(answer, tok)), GuardPolicy())]
+    assert not any(isinstance(x, SafetyCut) for x in passed)
+    assert "".join(x.text for x in passed).strip() == answer
