@@ -295,7 +295,9 @@ def score_sequence(scorer: GateScorer, acts: np.ndarray, norms: np.ndarray, span
         if context_span is None:
             raise ValueError("this gate's context term needs the token span of the conversation the response answers")
         cs, ce = context_span
-        if not 0 <= cs <= ce <= s:
+        if cs >= ce:
+            cs = ce = 0          # none of the conversation is left (a long one keeps its end): no term
+        elif not 0 <= cs < ce <= s:
             raise ValueError(f"the context span {context_span} must lie before the scored span {span}")
         c = scorer.with_context(c, *scorer.context_effect(np.asarray(acts, dtype=np.float64)[cs:ce], kept_all[cs:ce]))
     thr = scorer.threshold if threshold is None else threshold

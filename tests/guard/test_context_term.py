@@ -49,6 +49,8 @@ def test_stream_with_context_term_equals_offline(split_context):
         score_sequence(sc, acts, norms, (s, T))
     with pytest.raises(ValueError, match="before the scored span"):
         score_sequence(sc, acts, norms, (s, T), context_span=(2, s + 1))
+    # a conversation cut away entirely (a long one keeps its end) leaves no term
+    np.testing.assert_allclose(score_sequence(sc, acts, norms, (s, T), context_span=(T, T)).c, plain.c, rtol=1e-12)
     # the multiplier is bounded, whatever the context
     assert ContextTerm(Head([2], [1.0]), 0.0, 1.0).apply(1e6, 1)[1] == pytest.approx(np.exp(ContextTerm.MAX_EXP))
 
