@@ -53,21 +53,17 @@ def _build(args: argparse.Namespace) -> int:
     cfg = _apply(PRESETS[args.preset], _parse_overrides(args.set))
     if args.prompt_gate_only and args.response_context_only:
         raise SystemExit("--prompt-gate-only and --response-context-only refit different parts: run them one after the other")
-    if args.response_context_only:
-        from guard.recipe.context_refit import refit_response_context
-
-        prov = refit_response_context(args.out, base_model=args.base_model, preset=args.preset, work_dir=args.work_dir,
-                                      overrides={f.name: getattr(cfg, f.name) for f in fields(cfg)},
-                                      commit_stages=args.commit_stages)
-        sys.stdout.write(json.dumps(prov["context_refits"][-1], default=str) + "\n")
-        return 0
-    if args.prompt_gate_only:
-        from guard.recipe.prompt_gate import refit_prompt_gate
-
-        prov = refit_prompt_gate(args.out, base_model=args.base_model, preset=args.preset, work_dir=args.work_dir,
-                                 overrides={f.name: getattr(cfg, f.name) for f in fields(cfg)},
-                                 commit_stages=args.commit_stages)
-        sys.stdout.write(json.dumps(prov["prompt_refits"][-1], default=str) + "\n")
+    if args.response_context_only or args.prompt_gate_only:
+        # a refit of one part of a finished build, and the provenance list its record is appended to
+        if args.response_context_only:
+            from guard.recipe.context_refit import refit_response_context as refit
+            records = "context_refits"
+        else:
+            from guard.recipe.prompt_gate import refit_prompt_gate as refit
+            records = "prompt_refits"
+        prov = refit(args.out, base_model=args.base_model, preset=args.preset, work_dir=args.work_dir,
+                     overrides={f.name: getattr(cfg, f.name) for f in fields(cfg)}, commit_stages=args.commit_stages)
+        sys.stdout.write(json.dumps(prov[records][-1], default=str) + "\n")
         return 0
     prov = build(args.out, base_model=args.base_model, preset=args.preset, work_dir=args.work_dir,
                  overrides={f.name: getattr(cfg, f.name) for f in fields(cfg)}, dataset=args.dataset,

@@ -13,23 +13,19 @@ import json
 import logging
 import platform
 import time
-from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from guard.bundle import MonitorSpec, read_manifest
-from guard.recipe import data as DATA
+from guard.bundle import MonitorSpec
 from guard.recipe.pipeline import (
-    PRESETS,
-    BuildConfig,
     Progress,
     _commit,
     _hash,
     default_work_dir,
     monitored_id,
 )
+from guard.recipe.prompt_gate import open_finished_build
 from guard.recipe.response_context import cache_rows, context_scores, fit_context_term, with_response_gate
-from guard.recipe.sources import data_hash
 
 log = logging.getLogger(__name__)
 
@@ -42,47 +38,22 @@ def refit_response_context(out_dir: str | Path, base_model: str | Path | None = 
     """Fit every monitor's response context term in ``out_dir`` (a finished build); returns the provenance."""
     import torch
 
+    from guard.hardware import build_dtype
     from guard.recipe.cache import build_cache
     from guard.runner import load_guard_model
 
-    out = Path(out_dir)
-    prov_f = out / "provenance.json"
-    if not prov_f.is_file():
-        raise FileNotFoundError(f"{prov_f} not found: fitting the context term needs a finished build in {out}")
-    prov = json.loads(prov_f.read_text())
-    man = read_manifest(out)
-    cfg: BuildConfig = replace(PRESETS[preset], **(overrides or {}))
-    new_cfg = json.loads(json.dumps(asdict(cfg), default=str))
-    old_cfg = prov["config"]
-    # a setting added after the build has no entry in its record; at the preset's default (off for the settings
-    # added so far) it is what the build did
-    defaults = json.loads(json.dumps(asdict(PRESETS[preset]), default=str))
-    changed = sorted(k for k in set(old_cfg) | set(new_cfg)
-                     if json.dumps(old_cfg.get(k), default=str) != json.dumps(new_cfg.get(k), default=str)
-                     and not (k not in old_cfg and k not in CONTEXT_FIELDS and new_cfg.get(k) == defaults.get(k)))
-    if bad := [k for k in changed if k not in CONTEXT_FIELDS]:
-        raise ValueError(f"settings the context refit keeps as built differ from the build's: {bad}; "
-                         "run a full `nextguard guard build` for those")
+    fb = open_finished_build(out_dir, base_model, preset, overrides, CONTEXT_FIELDS, "response context term")
+    out, prov, man, cfg, new_cfg, base_model, ds = (fb.out, fb.prov, fb.manifest, fb.cfg, fb.new_cfg, fb.base_model,
+                                                    fb.dataset)
     if not cfg.response_context_grid:
         raise ValueError("response_context_grid is empty: there is no context term to fit")
-    if base_model is None and prov.get("base_model") != "embedded":
-        raise ValueError(f"the build monitored {prov.get('base_model')!r}: pass it as --base-model")
-    if base_model is None:
-        from inference.embedded import ensure_embedded_model
-
-        base_model = ensure_embedded_model()
-    from guard.hardware import build_dtype
-
+    prov_f = out / "provenance.json"
     # the monitors' dtype where this CPU runs it natively, fp32 elsewhere (the cache keeps bf16 rows either way)
     dtype, layer = build_dtype(str(man["dtype"])), int(man["layer"])
     work = Path(work_dir) if work_dir is not None else default_work_dir(preset)
     work.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.threads)
 
-    ds = DATA.load_dataset(out / "data.jsonl.gz")
-    for split in ("select", "calib", "test"):
-        if data_hash(ds.splits[split]) != prov["data"]["splits"][split]["sha256"]:
-            raise ValueError(f"{out / 'data.jsonl.gz'}'s {split} split is not the one the build was fitted on")
     cal = [s for s in ds.splits["calib"] if s.gate == "response"]
     names = [str(m) for m in man["monitors"]]
     prog = Progress({f"context_{n}": 5.0 for n in names})

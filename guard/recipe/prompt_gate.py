@@ -16,7 +16,7 @@ import json
 import logging
 import platform
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +47,53 @@ PROMPT_GATE_FIELDS = frozenset({
 })
 
 
-def _differing(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    return sorted(k for k in set(old) | set(new) if json.dumps(old.get(k), default=str)
-                  != json.dumps(new.get(k), default=str))
+@dataclass
+class FinishedBuild:
+    """A finished build opened for refitting one of its parts, its dataset checked against its record."""
+
+    out: Path
+    prov: dict[str, Any]
+    manifest: dict[str, Any]
+    cfg: BuildConfig
+    new_cfg: dict[str, Any]          # ``cfg`` as the provenance records it
+    changed: list[str]               # settings that differ from the build's
+    base_model: str | Path
+    dataset: Any
+
+
+def open_finished_build(out_dir: str | Path, base_model: str | Path | None, preset: str,
+                        overrides: dict[str, Any] | None, allowed: frozenset[str], what: str) -> FinishedBuild:
+    """The build in ``out_dir`` and the settings ``overrides`` change; a change outside ``allowed`` (the
+    settings of the part being refitted) is refused, since the kept parts were built without it."""
+    out = Path(out_dir)
+    prov_f = out / "provenance.json"
+    if not prov_f.is_file():
+        raise FileNotFoundError(f"{prov_f} not found: refitting the {what} needs a finished build in {out}")
+    prov = json.loads(prov_f.read_text())
+    man = read_manifest(out)
+    cfg: BuildConfig = replace(PRESETS[preset], **(overrides or {}))
+    new_cfg = json.loads(json.dumps(asdict(cfg), default=str))
+    old_cfg = prov["config"]
+    # a setting added after the build has no entry in its record; at the preset's default (off for the settings
+    # added so far) it is what the build did
+    defaults = json.loads(json.dumps(asdict(PRESETS[preset]), default=str))
+    changed = sorted(k for k in set(old_cfg) | set(new_cfg)
+                     if json.dumps(old_cfg.get(k), default=str) != json.dumps(new_cfg.get(k), default=str)
+                     and not (k not in old_cfg and k not in allowed and new_cfg.get(k) == defaults.get(k)))
+    if bad := [k for k in changed if k not in allowed]:
+        raise ValueError(f"settings the {what} refit keeps as built differ from the build's: {bad}; "
+                         "run a full `nextguard guard build` for those")
+    if base_model is None and prov.get("base_model") != "embedded":
+        raise ValueError(f"the build monitored {prov.get('base_model')!r}: pass it as --base-model")
+    if base_model is None:
+        from inference.embedded import ensure_embedded_model
+
+        base_model = ensure_embedded_model()
+    ds = DATA.load_dataset(out / "data.jsonl.gz")
+    for split in ("select", "calib", "test"):
+        if data_hash(ds.splits[split]) != prov["data"]["splits"][split]["sha256"]:
+            raise ValueError(f"{out / 'data.jsonl.gz'}'s {split} split is not the one the build was fitted on")
+    return FinishedBuild(out, prov, man, cfg, new_cfg, changed, base_model, ds)
 
 
 def refit_prompt_gate(out_dir: str | Path, base_model: str | Path | None = None, preset: str = "cpu",
@@ -63,34 +107,16 @@ def refit_prompt_gate(out_dir: str | Path, base_model: str | Path | None = None,
     from guard.runner import load_guard_model
     from guard.sae import load_sae
 
-    out = Path(out_dir)
+    fb = open_finished_build(out_dir, base_model, preset, overrides, PROMPT_GATE_FIELDS, "prompt gate")
+    out, prov, man, cfg, new_cfg, changed, base_model, ds = (fb.out, fb.prov, fb.manifest, fb.cfg, fb.new_cfg,
+                                                              fb.changed, fb.base_model, fb.dataset)
     prov_f = out / "provenance.json"
-    if not prov_f.is_file():
-        raise FileNotFoundError(f"{prov_f} not found: refitting the prompt gate needs a finished build in {out}")
-    prov = json.loads(prov_f.read_text())
-    man = read_manifest(out)
-    cfg: BuildConfig = replace(PRESETS[preset], **(overrides or {}))
-    new_cfg = json.loads(json.dumps(asdict(cfg), default=str))
-    changed = _differing(prov["config"], new_cfg)
-    if bad := [k for k in changed if k not in PROMPT_GATE_FIELDS]:
-        raise ValueError(f"settings the prompt-gate refit keeps as built differ from the build's: {bad}; "
-                         "run a full `nextguard guard build` for those")
-    if base_model is None and prov.get("base_model") != "embedded":
-        raise ValueError(f"the build monitored {prov.get('base_model')!r}: pass it as --base-model")
-    if base_model is None:
-        from inference.embedded import ensure_embedded_model
-
-        base_model = ensure_embedded_model()
     dtype, layer = str(man["dtype"]), int(man["layer"])
     work = Path(work_dir) if work_dir is not None else default_work_dir(preset)
     work.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
 
-    ds = DATA.load_dataset(out / "data.jsonl.gz")
-    for split in ("select", "calib", "test"):
-        if data_hash(ds.splits[split]) != prov["data"]["splits"][split]["sha256"]:
-            raise ValueError(f"{out / 'data.jsonl.gz'}'s {split} split is not the one the build was fitted on")
     sel = [s for s in ds.splits["select"] if s.gate == "prompt"]
     cal = [s for s in ds.splits["calib"] if s.gate == "prompt"]
     sae = load_sae(out / "sae")
