@@ -26,7 +26,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -178,8 +178,26 @@ def _kind(s: Sample) -> str:
     return "other_safe"
 
 
-def gate_metrics(samples: Sequence[Sample], scored: Sequence[Scored]) -> dict[str, Any]:
-    """Per gate: the test-split numbers that match the independent evaluation's rows."""
+def drift_bodies(samples: Iterable[Sample]) -> dict[str, str]:
+    """The source of every unsafe answer a drift stream may continue with, by its text (a stream's unsafe part
+    is one of them, stripped: :func:`guard.recipe.data.drift_streams`)."""
+    return {s.response.strip(): s.source for s in samples
+            if s.label and s.response and s.source != "constructed/drift"}
+
+
+def drift_origin(s: Sample, bodies: Mapping[str, str]) -> str:
+    """Whose text a drift stream's unsafe part is: the served model's own compliance with a harmful request
+    (whose harm lies mostly in the request, which the stream does not carry) or another model's harmful text."""
+    src = bodies.get((s.response or "")[s.onset or 0:])
+    if src is None:
+        return "unknown"
+    return "served_model_compliance" if src.startswith("generator/") else "other_models_text"
+
+
+def gate_metrics(samples: Sequence[Sample], scored: Sequence[Scored],
+                 bodies: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Per gate: the test-split numbers that match the independent evaluation's rows. With ``bodies``
+    (:func:`drift_bodies`) the drift streams are also reported by whose text their unsafe part is."""
     out: dict[str, Any] = {}
     kinds = [_kind(s) for s in samples]
     flagged = np.array([x.cut is not None for x in scored])
@@ -216,6 +234,11 @@ def gate_metrics(samples: Sequence[Sample], scored: Sequence[Scored]) -> dict[st
     d_idx = [i for i, k in enumerate(kinds) if k == "drift"]
     if d_idx:
         out["drift"] = timeliness([scored[i] for i in d_idx])
+        if bodies is not None:
+            by: dict[str, list[int]] = {}
+            for i in d_idx:
+                by.setdefault(drift_origin(samples[i], bodies), []).append(i)
+            out["drift"]["by_unsafe_part"] = {k: timeliness([scored[i] for i in ix]) for k, ix in sorted(by.items())}
     return out
 
 
@@ -299,6 +322,7 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
     prov = json.loads((art / "provenance.json").read_text())
     parts = load_build_data(art)
     test, calib = parts["test"], parts["calib"]
+    bodies = drift_bodies(s for ss in parts.values() for s in ss)
     if limit is not None:
         rng = np.random.default_rng(0)
         keep = []
@@ -332,10 +356,10 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
         rows = residual_rows(model, tok, layer, test)
         chosen = {g: spec.scorer(g) for g in ("prompt", "response")}
         sc = with_prompt_views(model, tok, layer, test, score_rows(rows, test, spec, chosen), spec, chosen["prompt"])
-        r: dict[str, Any] = {"test": gate_metrics(test, sc)}
+        r: dict[str, Any] = {"test": gate_metrics(test, sc, bodies)}
         if spec.reference:
             ref_gates = {g: spec.reference_scorer(g) for g in ("prompt", "response")}
-            r["reference_rule"] = gate_metrics(test, score_rows(rows, test, spec, ref_gates))
+            r["reference_rule"] = gate_metrics(test, score_rows(rows, test, spec, ref_gates), bodies)
         extra = everyday + sensitive + structured + fresh + dilution
         ex = with_prompt_views(model, tok, layer, extra, score_rows(residual_rows(model, tok, layer, extra), extra, spec,
                                                                     chosen), spec, chosen["prompt"])
