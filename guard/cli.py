@@ -114,12 +114,13 @@ def _eval(args: argparse.Namespace) -> int:
     from guard.evaluate import run_eval
 
     report = run_eval(args.artifacts, args.out, base_model=args.base_model, monitored=args.monitored,
-                      limit=args.limit, posthoc=not args.no_posthoc)
+                      limit=args.limit, posthoc=not args.no_posthoc, drift_annotation=args.drift_annotation)
     if args.ladder:
         from guard.evaluate import run_ladder_eval
 
         lad = run_ladder_eval(args.artifacts, args.out, work_dir=args.work_dir, base_model=args.base_model,
-                              layers=args.layers, posthoc=not args.no_posthoc)
+                              layers=args.layers, posthoc=not args.no_posthoc, drift_annotation=args.drift_annotation,
+                              loso=not args.no_loso)
         report["ladder"] = lad
     for ext in EVAL_EXTENSIONS:
         report.update(ext(args, report))
@@ -187,6 +188,11 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
                         "rule, keywords), leave-one-source-out and the fresh prompt sets; reads the build's residual cache")
     e.add_argument("--work-dir", default=None, help="the build's work folder holding the residual cache")
     e.add_argument("--layers", type=int, nargs="*", default=None, help="candidate layers for the ladder (default all)")
+    e.add_argument("--no-loso", action="store_true", help="leave leave-one-source-out out of the ladder")
+    e.add_argument("--drift-annotation", default=None,
+                   help="hand annotation of the test split's drift streams (guard/eval_report/"
+                        "drift-test-unsafe-parts-annotated.json): report them apart by whether their unsafe part is "
+                        "harmful in its own words")
     e.add_argument("--no-gateway", action="store_true", help="skip the everyday streams through a real gateway")
     e.add_argument("--everyday-max-tokens", type=int, default=512, help="answer length of the everyday streams")
     e.add_argument("--no-posthoc", action="store_true",

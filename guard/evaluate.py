@@ -26,7 +26,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -194,10 +194,39 @@ def drift_origin(s: Sample, bodies: Mapping[str, str]) -> str:
     return "served_model_compliance" if src.startswith("generator/") else "other_models_text"
 
 
+def sample_hash(s: Sample) -> str:
+    """A sample's identity in hand annotations: sha256 of its JSON, first 16 hex digits."""
+    return hashlib.sha256(json.dumps(s.to_json()).encode()).hexdigest()[:16]
+
+
+def read_drift_annotation(path: str | Path) -> dict[str, bool]:
+    """Hand annotation of drift streams: sample hash -> whether the unsafe part's own text is harmful."""
+    d = json.loads(Path(path).read_text())
+    return {x["stream"]: bool(x["harm_in_text"]) for x in d["streams"]}
+
+
+def eval_groups(bodies: Mapping[str, str], annotation: Mapping[str, bool] | None = None,
+                ) -> Callable[[Sample], list[str]]:
+    """The evaluation groups of a test sample: its kind, and for a drift stream whose text its unsafe part is
+    and (where annotated by hand) whether that text is harmful in its own words."""
+    def groups(s: Sample) -> list[str]:
+        k = _kind(s)
+        out = [k]
+        if k == "drift":
+            origin = drift_origin(s, bodies)
+            out.append(f"drift/{origin}")
+            if annotation is not None and (h := annotation.get(sample_hash(s))) is not None:
+                out.append(f"drift/{origin}/{'harm_in_text' if h else 'harmless_text'}")
+        return out
+    return groups
+
+
 def gate_metrics(samples: Sequence[Sample], scored: Sequence[Scored],
-                 bodies: Mapping[str, str] | None = None) -> dict[str, Any]:
+                 bodies: Mapping[str, str] | None = None, annotation: Mapping[str, bool] | None = None,
+                 ) -> dict[str, Any]:
     """Per gate: the test-split numbers that match the independent evaluation's rows. With ``bodies``
-    (:func:`drift_bodies`) the drift streams are also reported by whose text their unsafe part is."""
+    (:func:`drift_bodies`) the drift streams are also reported by whose text their unsafe part is, and with
+    ``annotation`` (:func:`read_drift_annotation`) by whether that text is harmful in its own words."""
     out: dict[str, Any] = {}
     kinds = [_kind(s) for s in samples]
     flagged = np.array([x.cut is not None for x in scored])
@@ -236,8 +265,10 @@ def gate_metrics(samples: Sequence[Sample], scored: Sequence[Scored],
         out["drift"] = timeliness([scored[i] for i in d_idx])
         if bodies is not None:
             by: dict[str, list[int]] = {}
+            groups = eval_groups(bodies, annotation)
             for i in d_idx:
-                by.setdefault(drift_origin(samples[i], bodies), []).append(i)
+                for g in groups(samples[i])[1:]:
+                    by.setdefault(g.removeprefix("drift/"), []).append(i)
             out["drift"]["by_unsafe_part"] = {k: timeliness([scored[i] for i in ix]) for k, ix in sorted(by.items())}
     return out
 
@@ -308,7 +339,8 @@ def profanity_baseline(test: Sequence[Sample], calib: Sequence[Sample], budgets:
 
 def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = None,
              monitored: Sequence[str] | None = None, limit: int | None = None, posthoc_stream_n: int = 40,
-             threads: int = 2, posthoc_n: int | None = 300, posthoc: bool = True) -> dict[str, Any]:
+             threads: int = 2, posthoc_n: int | None = 300, posthoc: bool = True,
+             drift_annotation: str | Path | None = None) -> dict[str, Any]:
     import torch
 
     from guard.recipe.pipeline import is_benign_traffic
@@ -323,6 +355,7 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
     parts = load_build_data(art)
     test, calib = parts["test"], parts["calib"]
     bodies = drift_bodies(s for ss in parts.values() for s in ss)
+    annotation = read_drift_annotation(drift_annotation) if drift_annotation is not None else None
     if limit is not None:
         rng = np.random.default_rng(0)
         keep = []
@@ -356,10 +389,10 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
         rows = residual_rows(model, tok, layer, test)
         chosen = {g: spec.scorer(g) for g in ("prompt", "response")}
         sc = with_prompt_views(model, tok, layer, test, score_rows(rows, test, spec, chosen), spec, chosen["prompt"])
-        r: dict[str, Any] = {"test": gate_metrics(test, sc, bodies)}
+        r: dict[str, Any] = {"test": gate_metrics(test, sc, bodies, annotation)}
         if spec.reference:
             ref_gates = {g: spec.reference_scorer(g) for g in ("prompt", "response")}
-            r["reference_rule"] = gate_metrics(test, score_rows(rows, test, spec, ref_gates), bodies)
+            r["reference_rule"] = gate_metrics(test, score_rows(rows, test, spec, ref_gates), bodies, annotation)
         extra = everyday + sensitive + structured + fresh + dilution
         ex = with_prompt_views(model, tok, layer, extra, score_rows(residual_rows(model, tok, layer, extra), extra, spec,
                                                                     chosen), spec, chosen["prompt"])
@@ -507,10 +540,12 @@ def dilution_numbers(refused: dict[str, list[bool]]) -> dict[str, Any]:
 def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path | None = None,
                     base_model: str | None = None, layers: Sequence[int] | None = None, posthoc: bool = True,
                     loso_families: Sequence[str] | None = None, threads: int = 2,
-                    posthoc_n: int | None = 300) -> dict[str, Any]:
+                    posthoc_n: int | None = 300, drift_annotation: str | Path | None = None,
+                    loso: bool = True) -> dict[str, Any]:
     """The ladder per candidate layer, leave-one-source-out at the served layer, and every rung on the
     fresh prompt sets. Reads the build's residual cache from ``work_dir`` (the build's own, by default)
-    and builds it where it is missing."""
+    and builds it where it is missing. Each rung also reports the share it flags of every evaluation group
+    (:func:`eval_groups`; with ``drift_annotation``, the hand-annotated drift streams apart)."""
     import torch
 
     from guard import ladder as LD
@@ -647,7 +682,9 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
         shipped_reference={g: spec.reference[g].overall for g in ("prompt", "response")},
         fit_readout=fit_readout, budgets={"prompt": prov["config"]["budget_prompt"], "response": prov["config"]["budget_response"]},
         is_benign_traffic=is_benign_traffic, posthoc=posthoc_scores if posthoc else None, keywords=kw_fn,
-        extra=extra, extra_cache=ex_cache, encode_extra=encode_extra)
+        extra=extra, extra_cache=ex_cache, encode_extra=encode_extra,
+        groups=eval_groups(drift_bodies(every),
+                           read_drift_annotation(drift_annotation) if drift_annotation is not None else None))
     rep: dict[str, Any] = {"artifacts": str(art), "served_layer": served, "layers": use_layers, "dtype": dtype,
                            "budgets": inp.budgets, "n_extra": {k: len(v) for k, v in extra.items()}}
     rep["ladder"] = LD.run_ladder(inp, use_layers)
@@ -668,11 +705,12 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
         for (f, _), v in zip(forms, sc, strict=True):
             refused.setdefault(f, []).append(bool(v > gate.threshold))
         rep["dilution"] = dilution_numbers(refused)
-    rep["leave_one_source_out"] = {
-        "note": "read-outs, probes and thresholds refitted without the family; the SAE and the safeguard LoRA "
-                "were not retrained (the LoRA saw the family's select samples); a prompt read-out refitted over the "
-                "monitor's latents also reads the served response gate's latents, chosen with the family in",
-        "results": LD.loso(inp, served, families=loso_families)}
+    if loso:
+        rep["leave_one_source_out"] = {
+            "note": "read-outs, probes and thresholds refitted without the family; the SAE and the safeguard LoRA "
+                    "were not retrained (the LoRA saw the family's select samples); a prompt read-out refitted over the "
+                    "monitor's latents also reads the served response gate's latents, chosen with the family in",
+            "results": LD.loso(inp, served, families=loso_families)}
     rep["seconds"] = time.time() - t0
     LD.write_report(outp / "ladder.json", rep)
     return rep

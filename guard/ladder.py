@@ -14,7 +14,10 @@ calibration split's benign traffic it may flag), then measured on the test split
 7. ``keywords``: a plain keyword list (layer-free).
 
 A drop from one rung to the next says where to work: dense pooled -> streamed is the window, dense -> SAE is
-the dictionary, SAE probe -> sparse read-out is the latent selection and fitting.
+the dictionary, SAE probe -> sparse read-out is the latent selection and fitting. Every rung also reports the
+share it flags of each evaluation group of the test split (the caller names the groups: unsafe answers,
+drift streams by whose text their unsafe part is, ...), so a loss that one group carries is visible apart from
+the pooled recall.
 
 All residuals come from the build's residual cache (the one forward per token the build ran), so the
 ladder costs a few minutes where that cache is present, and one forward of the data where it is not.
@@ -30,7 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,17 +143,26 @@ def fit_probe(X: np.ndarray, y: np.ndarray, Xc: np.ndarray, yc: np.ndarray, seed
 # one rung's numbers
 
 def rung_numbers(cal_scores: np.ndarray, cal_benign: np.ndarray, tst_scores: np.ndarray, tst: Sequence[Sample],
-                 tst_benign: np.ndarray, budget: float) -> dict[str, Any]:
-    """Threshold at the budget on the calibration split's benign traffic; AP and recall on the test split.
+                 tst_benign: np.ndarray, budget: float, groups: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """Threshold at the budget on the calibration split's benign traffic; AP and recall on the test split,
+    and the share flagged of each group (a boolean mask over ``tst``).
     Samples a rung did not score (NaN) are left out on both sides."""
     cal_scores, tst_scores = np.asarray(cal_scores, dtype=float), np.asarray(tst_scores, dtype=float)
     cm, tm = np.isfinite(cal_scores), np.isfinite(tst_scores)
     thr = C.threshold_at_budget(cal_scores[cal_benign & cm], budget)
     y = np.array([s.label for s in tst], dtype=int)[tm]
     op = C.operating_point(tst_scores[tm], y, thr, np.asarray(tst_benign)[tm])
-    return {"average_precision": C.average_precision(tst_scores[tm], y), "recall_at_budget": op["recall"],
-            "benign_traffic_flagged": op["flagged_benign_traffic"], "flagged_safe": op["flagged_safe"],
-            "f1": op["f1"], "threshold": thr, "n_test": int(tm.sum())}
+    out = {"average_precision": C.average_precision(tst_scores[tm], y), "recall_at_budget": op["recall"],
+           "benign_traffic_flagged": op["flagged_benign_traffic"], "flagged_safe": op["flagged_safe"],
+           "f1": op["f1"], "threshold": thr, "n_test": int(tm.sum())}
+    if groups:
+        by: dict[str, Any] = {}
+        for name, mask in groups.items():
+            m = np.asarray(mask, dtype=bool) & tm
+            if m.any():
+                by[name] = {"n": int(m.sum()), "flagged": flagged(tst_scores[m], thr)}
+        out["flagged_by_group"] = by
+    return out
 
 
 def flagged(scores: np.ndarray, thr: float) -> float:
@@ -184,6 +196,8 @@ class LadderInputs:
     extra: dict[str, list[Sample]] | None = None
     extra_cache: Any = None
     encode_extra: Callable[[int, list[int]], Any] | None = None
+    # the evaluation groups a test sample belongs to (each rung reports the share it flags of each)
+    groups: Callable[[Sample], Sequence[str]] | None = None
 
 
 def run_ladder(inp: LadderInputs, layers: Sequence[int]) -> dict[str, Any]:
@@ -204,6 +218,7 @@ def run_ladder(inp: LadderInputs, layers: Sequence[int]) -> dict[str, Any]:
         bt_cal = np.array([inp.is_benign_traffic(s) for s in s_cal])
         bt_tst = np.array([inp.is_benign_traffic(s) for s in s_tst])
         budget = inp.budgets[gate]
+        g_tst = group_masks(s_tst, inp.groups)
         ex_sets = (inp.extra or {}) if gate == "prompt" else {}
         ex_idx: dict[str, list[int]] = {}
         ex_samples: list[Sample] = []
@@ -216,8 +231,8 @@ def run_ladder(inp: LadderInputs, layers: Sequence[int]) -> dict[str, Any]:
         def numbers(sc_cal: np.ndarray, sc_tst: np.ndarray, sc_ex: np.ndarray | None, name: str,
                     bucket: dict[str, Any], ex_key: str, budget: float = budget, bt_cal: np.ndarray = bt_cal,
                     s_tst: list[Sample] = s_tst, bt_tst: np.ndarray = bt_tst, ex_idx: dict[str, list[int]] = ex_idx,
-                    ) -> None:
-            r = rung_numbers(sc_cal, bt_cal, sc_tst, s_tst, bt_tst, budget)
+                    g_tst: dict[str, np.ndarray] = g_tst) -> None:
+            r = rung_numbers(sc_cal, bt_cal, sc_tst, s_tst, bt_tst, budget, g_tst)
             bucket[name] = r
             if sc_ex is not None:
                 k = 0
@@ -278,14 +293,28 @@ def run_ladder(inp: LadderInputs, layers: Sequence[int]) -> dict[str, Any]:
     return out
 
 
+def group_masks(samples: Sequence[Sample], groups: Callable[[Sample], Sequence[str]] | None) -> dict[str, np.ndarray]:
+    """One boolean mask over ``samples`` per group name that ``groups`` gives any of them."""
+    if groups is None:
+        return {}
+    names = [set(groups(s)) for s in samples]
+    return {g: np.array([g in n for n in names], dtype=bool) for g in sorted(set().union(*names))}
+
+
 RUNG_ORDER = ("dense_pooled", "dense_streamed", "sae_all_pooled", "sae_all_streamed", "sparse_readout", "paper_rule")
 STEPS = (("dense_pooled", "dense_streamed", "the deployed window (pooled -> streamed)"),
          ("dense_pooled", "sae_all_pooled", "the SAE dictionary (residual -> all latents)"),
          ("sae_all_streamed", "sparse_readout", "latent selection and read-out fitting (all latents -> sparse)"))
 
 
+def _group_lost(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    ga, gb = a.get("flagged_by_group", {}), b.get("flagged_by_group", {})
+    return {g: ga[g]["flagged"] - gb[g]["flagged"] for g in ga if g in gb}
+
+
 def where_lost(rep: dict[str, Any]) -> dict[str, Any]:
-    """Per layer and gate, the AP and recall lost at each step of the ladder, largest first."""
+    """Per layer and gate, the AP and recall lost at each step of the ladder, largest first (with the share
+    flagged that each evaluation group loses at that step)."""
     out: dict[str, Any] = {}
     for layer, gates in rep["layers"].items():
         for gate, rungs in gates.items():
@@ -294,13 +323,15 @@ def where_lost(rep: dict[str, Any]) -> dict[str, Any]:
                 if a in rungs and b in rungs:
                     steps.append({"step": what, "from": a, "to": b,
                                   "ap_lost": rungs[a]["average_precision"] - rungs[b]["average_precision"],
-                                  "recall_lost": rungs[a]["recall_at_budget"] - rungs[b]["recall_at_budget"]})
+                                  "recall_lost": rungs[a]["recall_at_budget"] - rungs[b]["recall_at_budget"],
+                                  "flagged_lost_by_group": _group_lost(rungs[a], rungs[b])})
             ph = rep["layer_free"].get(gate, {}).get("posthoc_verdict")
             if ph is not None and "dense_pooled" in rungs:
                 steps.append({"step": "reading the residual instead of the verdict", "from": "posthoc_verdict",
                               "to": "dense_pooled",
                               "ap_lost": ph["average_precision"] - rungs["dense_pooled"]["average_precision"],
-                              "recall_lost": ph["recall_at_budget"] - rungs["dense_pooled"]["recall_at_budget"]})
+                              "recall_lost": ph["recall_at_budget"] - rungs["dense_pooled"]["recall_at_budget"],
+                              "flagged_lost_by_group": _group_lost(ph, rungs["dense_pooled"])})
             out[f"L{layer}/{gate}"] = sorted(steps, key=lambda s: -s["recall_lost"])
     return out
 
