@@ -67,6 +67,19 @@ class GateSpec:
     own_budget_scores: dict[str, list[float]] = field(default_factory=dict)
     # a response gate's term for the conversation's own risk (:class:`guard.monitor.ContextTerm`)
     context: ContextTerm | None = None
+    # a second trigger over the encoder's residual-probe columns, and the threshold it was calibrated at
+    # (:class:`guard.monitor.GateScorer` puts it on this gate's scale; ``benign_scores`` then hold both)
+    probe: Head | None = None
+    probe_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.probe is None) != (self.probe_threshold is None):
+            raise ValueError("a residual probe needs its own threshold, and a probe threshold a probe")
+
+    @property
+    def probe_offset(self) -> float:
+        """What moves the probe's score onto this gate's scale (0 without a probe)."""
+        return 0.0 if self.probe_threshold is None else self.threshold - self.probe_threshold
 
     def to_dict(self) -> dict[str, Any]:
         return {"overall": self.overall.to_dict(), "pooling": {"window": self.pooling.window, "min_count": self.pooling.min_count,
@@ -75,7 +88,8 @@ class GateSpec:
                 "category_thresholds": self.category_thresholds, "calibration": self.calibration,
                 "benign_scores": [float(x) for x in self.benign_scores],
                 "own_budget_scores": {k: [float(x) for x in v] for k, v in self.own_budget_scores.items()},
-                "context": None if self.context is None else self.context.to_dict()}
+                "context": None if self.context is None else self.context.to_dict(),
+                "probe": None if self.probe is None else self.probe.to_dict(), "probe_threshold": self.probe_threshold}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GateSpec:
@@ -84,7 +98,9 @@ class GateSpec:
                    {c: float(v) for c, v in d.get("category_thresholds", {}).items()}, d.get("calibration", {}),
                    [float(x) for x in d.get("benign_scores", [])],
                    {k: [float(x) for x in v] for k, v in d.get("own_budget_scores", {}).items()},
-                None if d.get("context") is None else ContextTerm.from_dict(d["context"]))
+                   None if d.get("context") is None else ContextTerm.from_dict(d["context"]),
+                   None if d.get("probe") is None else Head.from_dict(d["probe"]),
+                   None if d.get("probe_threshold") is None else float(d["probe_threshold"]))
 
     def threshold_for_budget(self, budget: float) -> float:
         """The lowest threshold that flags at most ``budget`` of the calibration split's benign traffic."""
@@ -102,6 +118,7 @@ class GateSpec:
         return max(at_budget(v) for v in [self.benign_scores, *(x for x in self.own_budget_scores.values() if x)])
 
     def all_ids(self) -> list[int]:
+        """The SAE latents this gate reads (a residual probe's columns are not latents)."""
         heads = [self.overall, *self.categories.values(), *([self.context.head] if self.context else [])]
         return sorted({j for h in heads for j in h.ids})
 
@@ -141,15 +158,15 @@ class MonitorSpec:
 
     def reference_scorer(self, gate: str) -> GateScorer:
         g = self.reference[gate]
-        return GateScorer(g.overall, self.encoder.ids, g.threshold, g.pooling)
+        return GateScorer(g.overall, self.encoder.columns, g.threshold, g.pooling)
 
     def threshold(self, gate: str) -> float:
         return self.gates[gate].threshold
 
     def scorer(self, gate: str, threshold: float | None = None) -> GateScorer:
         g = self.gates[gate]
-        return GateScorer(g.overall, self.encoder.ids, g.threshold if threshold is None else float(threshold), g.pooling,
-                          g.categories, g.category_thresholds, g.context)
+        return GateScorer(g.overall, self.encoder.columns, g.threshold if threshold is None else float(threshold),
+                          g.pooling, g.categories, g.category_thresholds, g.context, g.probe, g.probe_offset)
 
 
 def load_model_for(artifacts: str | Path, monitored: str, base_model: str | None = None,

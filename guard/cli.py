@@ -51,13 +51,17 @@ def _build(args: argparse.Namespace) -> int:
     from guard.recipe.pipeline import PRESETS, build
 
     cfg = _apply(PRESETS[args.preset], _parse_overrides(args.set))
-    if args.prompt_gate_only and args.response_context_only:
-        raise SystemExit("--prompt-gate-only and --response-context-only refit different parts: run them one after the other")
-    if args.response_context_only or args.prompt_gate_only:
+    if sum((args.prompt_gate_only, args.response_context_only, args.response_probe_only)) > 1:
+        raise SystemExit("--prompt-gate-only, --response-context-only and --response-probe-only refit different parts: "
+                         "run them one after the other")
+    if args.response_context_only or args.prompt_gate_only or args.response_probe_only:
         # a refit of one part of a finished build, and the provenance list its record is appended to
         if args.response_context_only:
             from guard.recipe.context_refit import refit_response_context as refit
             records = "context_refits"
+        elif args.response_probe_only:
+            from guard.recipe.residual_probe import refit_response_probe as refit
+            records = "probe_refits"
         else:
             from guard.recipe.prompt_gate import refit_prompt_gate as refit
             records = "prompt_refits"
@@ -167,6 +171,9 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     b.add_argument("--response-context-only", action="store_true",
                    help="fit only the response gate's context term of the finished build in --out (forwards the "
                         "calibration answers alone; every read-out stays as built)")
+    b.add_argument("--response-probe-only", action="store_true",
+                   help="fit only the response gate's residual probe of the finished build in --out (forwards the "
+                        "select and calibration answers alone; every read-out and the context term stay as built)")
     b.set_defaults(func=_build)
     r = gs.add_parser("refresh-data", help="regenerate one prompt family's rows of a dataset after its prompt list changed")
     r.add_argument("family", help="the prompt family (sensitive)")

@@ -201,10 +201,16 @@ class GateScorer:
     categories: dict[str, Head] = field(default_factory=dict)
     category_thresholds: dict[str, float] = field(default_factory=dict)
     context: ContextTerm | None = None
+    # a second trigger: a probe over residual-probe columns (:class:`guard.sae.SelectedEncoder`), pooled the same
+    # way, moved onto this gate's scale by ``probe_offset`` (the gate's threshold minus the probe's own), so
+    # that c_t = max(read-out score, probe score + offset) crosses the threshold where either would alone
+    probe: Head | None = None
+    probe_offset: float = 0.0
 
     def __post_init__(self) -> None:
         pos = {c: i for i, c in enumerate(self.columns)}
-        heads = [self.overall, *self.categories.values(), *([self.context.head] if self.context else [])]
+        heads = [self.overall, *self.categories.values(), *([self.context.head] if self.context else []),
+                 *([self.probe] if self.probe else [])]
         missing = sorted({j for h in heads for j in h.ids} - set(pos))
         if missing:
             raise ValueError(f"activation columns lack selected latents {missing[:8]}")
@@ -213,10 +219,24 @@ class GateScorer:
         self._ov = _Readout(self.overall, pos)
         self._cat = {c: _Readout(h, pos) for c, h in self.categories.items()}
         self._ctx = None if self.context is None else _Readout(self.context.head, pos)
+        self._probe = None if self.probe is None else _Readout(self.probe, pos)
 
     def with_threshold(self, threshold: float) -> GateScorer:
         return GateScorer(self.overall, self.columns, float(threshold), self.pooling, self.categories,
-                          self.category_thresholds, self.context)
+                          self.category_thresholds, self.context, self.probe, self.probe_offset)
+
+    def probe_contributions(self, acts: np.ndarray) -> np.ndarray:
+        """(T, n_columns) -> (T,) per-token contribution of the residual probe (zeros without one)."""
+        a = np.atleast_2d(acts)
+        return np.zeros(a.shape[0]) if self._probe is None else self._probe.contrib(a)
+
+    def with_probe(self, c: np.ndarray, acts: np.ndarray) -> np.ndarray:
+        """Scores c_t of the read-out (context term applied) -> the gate's scores with the residual probe's
+        trigger on the same scale."""
+        if self.probe is None or not len(c):
+            return np.asarray(c)
+        cp = pool(self.probe_contributions(acts), self.pooling, self.probe.bias) + self.probe_offset
+        return np.maximum(np.asarray(c), cp)
 
     def context_sum(self, acts: np.ndarray, kept: np.ndarray) -> tuple[float, int]:
         """The context read-out's summed contribution over the kept rows of (T, n_columns) and their count."""
@@ -300,6 +320,7 @@ def score_sequence(scorer: GateScorer, acts: np.ndarray, norms: np.ndarray, span
         elif not 0 <= cs < ce <= s:
             raise ValueError(f"the context span {context_span} must lie before the scored span {span}")
         c = scorer.with_context(c, *scorer.context_effect(np.asarray(acts, dtype=np.float64)[cs:ce], kept_all[cs:ce]))
+    c = scorer.with_probe(c, a)
     thr = scorer.threshold if threshold is None else threshold
     return SequenceScore(c=c, score=peak(c, scorer.pooling), cut=first_crossing(c, thr, scorer.pooling),
                          kept=kept_all[s:e], acts=a)
@@ -316,6 +337,7 @@ class StreamScorer:
         if p.final:
             raise ValueError("a gate that scores the whole sequence at its last token cannot score a stream")
         self._win: deque[float] = deque(maxlen=p.window)
+        self._pwin: deque[float] = deque(maxlen=p.window)
         self._rows: deque[np.ndarray] = deque(maxlen=p.window)
         self.n_valid = 0
         self.max_c = NEG
@@ -348,20 +370,28 @@ class StreamScorer:
         self._win.append(float(self.scorer.contributions(row[None, :])[0]))
         self._rows.append(row)
         self.n_valid += 1
-        c = self.scorer.overall.bias + self.offset + self.mult * (sum(self._win) / max(len(self._win), p.min_count))
-        self.max_c = max(self.max_c, c)
+        n = max(len(self._win), p.min_count)
+        c = self.scorer.overall.bias + self.offset + self.mult * (sum(self._win) / n)
         self.last = {"c": c}
+        if self.scorer.probe is not None:
+            self._pwin.append(float(self.scorer.probe_contributions(row[None, :])[0]))
+            cp = self.scorer.probe.bias + self.scorer.probe_offset + sum(self._pwin) / n
+            self.last = {"c": max(c, cp), "readout": c, "probe": cp}
+            c = max(c, cp)
+        self.max_c = max(self.max_c, c)
         return c, bool(c > self.threshold)
 
     def snapshot(self) -> tuple[Any, ...]:
         """The running state, for :meth:`restore` after scoring tokens that may still change."""
         return (list(self.norms._sorted), deque(self._win, maxlen=self._win.maxlen),
-                deque(self._rows, maxlen=self._rows.maxlen), self.n_valid, self.max_c, dict(self.last), self.offset, self.mult)
+                deque(self._pwin, maxlen=self._pwin.maxlen), deque(self._rows, maxlen=self._rows.maxlen),
+                self.n_valid, self.max_c, dict(self.last), self.offset, self.mult)
 
     def restore(self, state: tuple[Any, ...]) -> None:
-        sorted_norms, win, rows, self.n_valid, self.max_c, self.last, self.offset, self.mult = state
+        sorted_norms, win, pwin, rows, self.n_valid, self.max_c, self.last, self.offset, self.mult = state
         self.norms._sorted = list(sorted_norms)
         self._win, self._rows = deque(win, maxlen=win.maxlen), deque(rows, maxlen=rows.maxlen)
+        self._pwin = deque(pwin, maxlen=pwin.maxlen)
 
     def cut_details(self) -> tuple[str, list[tuple[int, float]]]:
         """Category and top features of the window that ends at the last token (call right after a cut)."""
@@ -371,4 +401,6 @@ class StreamScorer:
         for c, r in self.scorer._cat.items():
             u = r.contrib(rows)
             cats[c] = r.head.bias + float(u.sum()) / max(len(u), p.min_count)
-        return self.scorer.category_of(cats), self.scorer.top_features(rows)
+        # a cut the residual probe made alone names no latent: the read-out's top latents did not cause it
+        by_probe = self.last.get("readout", math.inf) <= self.threshold
+        return self.scorer.category_of(cats), [] if by_probe else self.scorer.top_features(rows)

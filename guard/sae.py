@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -138,7 +138,11 @@ def load_dictionary_learning_batchtopk(path: str | Path) -> SAE[Any]:
 
 @dataclass
 class SelectedEncoder:
-    """Encoder restricted to a set of latent ids. Equal to ``sae.encode(x)[..., ids]`` for JumpReLU SAEs."""
+    """Encoder restricted to a set of latent ids. Equal to ``sae.encode(x)[..., ids]`` for JumpReLU SAEs.
+
+    It may also carry residual probes: linear read-outs of the raw residual (before any SAE normalisation),
+    appended after the latents as columns with negative ids (:func:`probe_id`). They read what the
+    dictionary does not reconstruct, at the cost of one dot product per token."""
 
     ids: list[int]
     W: Any            # torch.Tensor (d_in, K)
@@ -147,6 +151,25 @@ class SelectedEncoder:
     threshold: Any    # torch.Tensor (K,)
     apply_b_dec: bool = True
     normalize: str = "none"
+    probe_W: Any = None                                   # torch.Tensor (d_in, P) or None
+    probe_ids: list[int] = field(default_factory=list)    # P negative ids, in probe_W's column order
+
+    def __post_init__(self) -> None:
+        n = 0 if self.probe_W is None else int(self.probe_W.shape[1])
+        if n != len(self.probe_ids) or any(i >= 0 for i in self.probe_ids):
+            raise ValueError(f"residual probes need one negative id per column: {n} columns, ids {self.probe_ids}")
+
+    @property
+    def columns(self) -> list[int]:
+        """The ids of the activation matrix's columns, in order: the latents, then the residual probes."""
+        return [*self.ids, *self.probe_ids]
+
+    def with_probes(self, W: Any, ids: Sequence[int]) -> SelectedEncoder:
+        """This encoder with ``W`` (d_in, P) as its residual probes (replacing any it had)."""
+        import torch
+
+        W = torch.as_tensor(W, dtype=torch.float32).reshape(self.d_in, -1).clone()
+        return replace(self, probe_W=W, probe_ids=[int(i) for i in ids])
 
     @classmethod
     def from_sae(cls, sae: SAE[Any], ids: Sequence[int]) -> SelectedEncoder:
@@ -179,6 +202,7 @@ class SelectedEncoder:
         import torch
 
         x = x.float()
+        raw = x
         if self.normalize == "constant_norm_rescale":
             x = x * (self.d_in ** 0.5) / x.norm(dim=-1, keepdim=True)
         elif self.normalize == "layer_norm":
@@ -187,10 +211,14 @@ class SelectedEncoder:
         if self.apply_b_dec:
             x = x - self.b_dec
         pre = x @ self.W + self.b
-        return torch.relu(pre) * (pre > self.threshold).to(pre.dtype)
+        acts = torch.relu(pre) * (pre > self.threshold).to(pre.dtype)
+        if self.probe_W is None:
+            return acts
+        return torch.cat([acts, raw @ self.probe_W], dim=-1)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"W": self.W, "b": self.b, "b_dec": self.b_dec, "threshold": self.threshold}
+        sd = {"W": self.W, "b": self.b, "b_dec": self.b_dec, "threshold": self.threshold}
+        return sd if self.probe_W is None else {**sd, "probe_W": self.probe_W}
 
     def save(self, path: str | Path) -> None:
         from safetensors.torch import save_file
@@ -199,7 +227,8 @@ class SelectedEncoder:
         path.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(path / "selected_encoder.safetensors"))
         (path / "selected_encoder.json").write_text(
-            json.dumps({"ids": self.ids, "apply_b_dec": self.apply_b_dec, "normalize": self.normalize})
+            json.dumps({"ids": self.ids, "apply_b_dec": self.apply_b_dec, "normalize": self.normalize,
+                        "probe_ids": self.probe_ids})
         )
 
     @classmethod
@@ -210,7 +239,13 @@ class SelectedEncoder:
         meta = json.loads((path / "selected_encoder.json").read_text())
         t = load_file(str(path / "selected_encoder.safetensors"))
         return cls(ids=meta["ids"], W=t["W"], b=t["b"], b_dec=t["b_dec"], threshold=t["threshold"],
-                   apply_b_dec=meta["apply_b_dec"], normalize=meta["normalize"])
+                   apply_b_dec=meta["apply_b_dec"], normalize=meta["normalize"], probe_W=t.get("probe_W"),
+                   probe_ids=[int(i) for i in meta.get("probe_ids", [])])
+
+
+def probe_id(j: int) -> int:
+    """The column id of residual probe ``j`` (negative, so it never names an SAE latent)."""
+    return -(j + 1)
 
 
 def sae_metrics(sae: SAE[Any], acts: torch.Tensor, batch: int = 4096) -> dict[str, float]:

@@ -113,6 +113,9 @@ class BuildConfig:
     # (weight, scale) pairs of the response gate's context term (the request's risk as the prompt read-out reads
     # it) tried on the calibration split (guard.recipe.response_context); () = no context term
     response_context_grid: tuple[tuple[float, float], ...] = CONTEXT_GRID
+    # the response gate's second trigger, a probe on the residual (guard.recipe.residual_probe), calibrated at
+    # the response budget on its own
+    response_probe: bool = True
     max_tokens: int = 2048           # guard context used for fitting (longer conversations keep their end)
     category_latents: int = 24
     posthoc_samples: int = 200       # per split and gate, for the safeguard's post-hoc verdict numbers
@@ -859,6 +862,12 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
             r_gate, rep["response"]["context"] = fit_context_term(spec, [every[i] for i in r_idx], ctx,
                                                                     cfg.budget_response, cfg.response_context_grid)
             spec = with_response_gate(spec, r_gate)
+        if cfg.response_probe:
+            from guard.recipe.residual_probe import fit_residual_probe
+
+            spec, rep["response"]["probe"] = fit_residual_probe(spec, net_cache, chosen, tok, every,
+                                                                gidx["select"]["response"], gidx["calib"]["response"],
+                                                                cfg.budget_response)
         spec.save(out / "monitors" / name)
         m_rec.write_text(json.dumps({"key": _hash([fit_key, name, chosen]), "report": rep}, default=str))
         monitors[name] = rep

@@ -54,8 +54,8 @@ def context_scores(spec: MonitorSpec, rows: Iterable[tuple[np.ndarray, np.ndarra
     the response gate's c_t without a context term and the prompt read-out's summed contribution over the
     conversation's kept tokens, both as served (:func:`guard.monitor.score_sequence`)."""
     g = spec.gates["response"]
-    plain = GateScorer(g.overall, spec.encoder.ids, g.threshold, g.pooling)
-    reader = GateScorer(g.overall, spec.encoder.ids, g.threshold, g.pooling,
+    plain = GateScorer(g.overall, spec.encoder.columns, g.threshold, g.pooling)
+    reader = GateScorer(g.overall, spec.encoder.columns, g.threshold, g.pooling,
                         context=ContextTerm(spec.gates["prompt"].overall))
     out = []
     for acts, norms, (s, e), (cs, ce) in rows:

@@ -71,6 +71,14 @@ def test_build_outputs(built):
     resp = heads["response"]
     assert resp["threshold"] == ctx["chosen"]["threshold"]
     assert (resp["context"] is None) == (ctx["chosen"]["weight"] == ctx["chosen"]["scale"] == 0.0)
+    # the residual probe: fitted after the term, at the response budget on its own, served as an encoder column
+    probe = prov["monitors"]["lora"]["response"]["probe"]
+    assert resp["probe"]["ids"] == [-1] and resp["probe_threshold"] == probe["probe_threshold"]
+    assert probe["probe_flagged_benign_traffic"] <= 0.02 + 1e-9
+    assert probe["calibration"]["with_probe"]["benign_cut"] <= 0.04 + 1e-9
+    assert resp["calibration"]["probe"]["C"] == probe["C"]
+    enc = json.loads((art / "monitors/lora/selected_encoder.json").read_text())
+    assert enc["probe_ids"] == [-1] and -1 not in enc["ids"]
 
 
 def test_eval_and_bench_run(built, tmp_path):
@@ -224,6 +232,40 @@ def test_response_context_refit_keeps_every_read_out(built, tmp_path):
     with pytest.raises(ValueError, match="budget_response"):
         refit_response_context(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
                                overrides={"threads": 1, "budget_response": 0.05})
+
+
+def test_response_probe_refit_keeps_every_read_out(built, tmp_path):
+    """Fitting the residual probe alone changes only the response gate's probe, its threshold and the benign
+    scores; read-outs, the context term, the prompt gate and the SAE stay as built."""
+    import shutil
+
+    from guard.bundle import MonitorSpec
+    from guard.recipe.residual_probe import refit_response_probe
+
+    d, _ = built
+    art = tmp_path / "art"
+    shutil.copytree(d / "art", art)
+    heads = {n: json.loads((art / "monitors" / n / "heads.json").read_text()) for n in ("lora", "base")}
+    new = refit_response_probe(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
+                               overrides={"threads": 1})
+    rec = new["probe_refits"][-1]
+    for n in ("lora", "base"):
+        after = json.loads((art / "monitors" / n / "heads.json").read_text())
+        assert after["prompt"] == heads[n]["prompt"] and after["reference"] == heads[n]["reference"]
+        for k in ("overall", "context", "threshold", "categories", "pooling"):
+            assert after["response"][k] == heads[n]["response"][k], k
+        assert after["response"]["probe_threshold"] == rec["monitors"][n]["probe_threshold"]
+        assert json.loads((art / "monitors" / n / "build.json").read_text())["key"].startswith("probe-refit:")
+        spec = MonitorSpec.load(art / "monitors" / n, n)
+        assert spec.encoder.probe_ids == [-1] and spec.encoder.probe_W.shape[1] == 1
+        # the benign scores that re-apply a budget are the gate's with both triggers: at the build's own
+        # threshold they flag what the calibration record says
+        g = spec.gates["response"]
+        share = sum(x > g.threshold for x in g.benign_scores) / len(g.benign_scores)
+        assert share == pytest.approx(rec["monitors"][n]["flagged_benign_traffic"])
+    with pytest.raises(ValueError, match="budget_response"):
+        refit_response_probe(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
+                             overrides={"threads": 1, "budget_response": 0.05})
 
 
 def test_ladder_runs_on_the_build_cache(built, tmp_path):

@@ -1,0 +1,186 @@
+"""The response gate's residual probe: a second trigger that reads what the SAE does not reconstruct.
+
+The evaluation ladder, split by evaluation group, shows where a stream that turns unsafe after a benign
+answer is lost. A dense logistic probe on the served layer's residual, streamed through the gate's window,
+cuts most of them; the same probe on the SAE's reconstruction (a linear function of all latents) cuts almost
+none, and on the reconstruction's error it cuts most again. The signal lies in the residual directions the
+dictionary leaves out, so no read-out over latents can recover it.
+
+So the response gate gets a second trigger: that probe (sample labels only; class-balanced L2 logistic on
+each select answer's mean residual, standardised, C by calibration average precision), scored through the
+gate's own causal window. Its threshold is set at the response budget on the calibration split's benign
+answers, the same rule as the read-out's; the gate cuts where either crosses. It is served as one extra
+column of the monitor's encoder (:class:`guard.sae.SelectedEncoder`): one dot product per token. A cut it
+makes names no latent; the category read-outs still name the harm.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from guard.bundle import MonitorSpec
+from guard.monitor import Head, score_sequence
+from guard.recipe import calibration as C
+from guard.recipe.pipeline import Progress, _commit, _hash, default_work_dir, is_benign_traffic, monitored_id
+from guard.recipe.prompt_gate import open_finished_build
+from guard.recipe.response_context import DRIFT_SOURCE, cache_rows
+from guard.recipe.sources import Sample
+from guard.sae import probe_id
+
+log = logging.getLogger(__name__)
+
+PROBE_FIELDS = frozenset({"response_probe", "threads"})
+
+
+def _kind(s: Sample) -> str:
+    if s.source == DRIFT_SOURCE:
+        return "drift"
+    if s.label:
+        return "unsafe"
+    if s.source.startswith("generator/benign"):
+        return "benign"
+    return "refusal" if "refusal" in s.source else "other_safe"
+
+
+def gate_numbers(peaks: np.ndarray, samples: Sequence[Sample], threshold: float) -> dict[str, Any]:
+    """F1 over the answers (drift streams apart), and the share cut of each kind, at ``threshold``."""
+    kinds = np.array([_kind(s) for s in samples])
+    y = np.array([bool(s.label) for s in samples])
+    flag = np.asarray(peaks) > threshold
+    nd = kinds != "drift"
+    p, r, f = C.prf(flag[nd], y[nd])
+    return {"f1": f, "precision": p, "recall": r,
+            **{f"{k}_cut": float(flag[kinds == k].mean()) for k in ("benign", "refusal", "other_safe", "drift")
+               if (kinds == k).any()}}
+
+
+def fit_residual_probe(spec: MonitorSpec, cache: Any, layer: int, tok: Any, samples: Sequence[Sample],
+                       sel_idx: Sequence[int], cal_idx: Sequence[int], budget: float) -> tuple[MonitorSpec, dict[str, Any]]:
+    """``spec`` with a residual probe on its response gate, fitted on the cached select answers ``sel_idx`` and
+    thresholded at ``budget`` on the calibration answers ``cal_idx`` (positions in ``samples`` and the cache);
+    and the record of the fit."""
+    from guard.ladder import fit_probe, residual_features
+
+    t0 = time.time()
+    g = spec.gates["response"]
+    sel = [samples[i] for i in sel_idx]
+    cal = [samples[i] for i in cal_idx]
+    y_sel = np.array([s.label for s in sel])
+    y_cal = np.array([s.label for s in cal])
+    X_sel, _ = residual_features(cache, layer, sel_idx)
+    X_cal, spans = residual_features(cache, layer, cal_idx)
+    probe = fit_probe(X_sel, y_sel, X_cal, y_cal)
+    del X_sel
+    bt = np.array([is_benign_traffic(s) for s in cal])
+    p_cal = probe.streamed_dense(spans, g.pooling)
+    del spans
+    thr_p = C.threshold_at_budget(p_cal[bt], budget)
+    pid = probe_id(0)
+    head = Head([pid], [1.0], None, float(probe.b), None, "residual_probe",
+                {"fit": "class-balanced L2 logistic on the mean residual", "C": probe.C})
+    encoder = spec.encoder.with_probes(np.asarray(probe.w, dtype=np.float32)[:, None], [pid])
+    gate = replace(g, probe=head, probe_threshold=float(thr_p))
+    new = MonitorSpec(encoder, {"prompt": spec.gates["prompt"], "response": gate}, spec.name, spec.info, spec.reference)
+    # the gate's scores with both triggers, as served, over the calibration answers
+    before, after = [], []
+    plain = spec.scorer("response")
+    scorer = new.scorer("response")
+    for acts, norms, span, ctx in cache_rows(cache, layer, new, tok, samples, cal_idx):
+        after.append(score_sequence(scorer, acts, norms, span, context_span=ctx).score)
+        before.append(score_sequence(plain, acts[:, :len(spec.encoder.ids)], norms, span, context_span=ctx).score)
+    before_a, after_a = np.array(before), np.array(after)
+    rec: dict[str, Any] = {
+        "C": probe.C, "probe_threshold": float(thr_p), "budget": budget,
+        "probe_average_precision": C.average_precision(p_cal, y_cal),
+        "probe_flagged_benign_traffic": float(np.mean(p_cal[bt] > thr_p)) if bt.any() else 0.0,
+        "flagged_benign_traffic": float(np.mean(after_a[bt] > g.threshold)) if bt.any() else 0.0,
+        "calibration": {"readout_only": gate_numbers(before_a, cal, g.threshold),
+                        "with_probe": gate_numbers(after_a, cal, g.threshold)},
+        "n_select": len(sel), "n_calib": len(cal), "seconds": time.time() - t0}
+    gate = replace(gate, benign_scores=sorted(float(x) for x in after_a[bt]),
+                   calibration={**g.calibration, "probe": rec})
+    new = MonitorSpec(encoder, {"prompt": spec.gates["prompt"], "response": gate}, spec.name, spec.info, spec.reference)
+    log.info("response residual probe: C %s, threshold %.3f; calibration F1 %.3f -> %.3f, drift cut %.3f -> %.3f, "
+             "benign cut %.3f -> %.3f", probe.C, thr_p, rec["calibration"]["readout_only"]["f1"],
+             rec["calibration"]["with_probe"]["f1"], rec["calibration"]["readout_only"].get("drift_cut", 0.0),
+             rec["calibration"]["with_probe"].get("drift_cut", 0.0), rec["calibration"]["readout_only"]["benign_cut"],
+             rec["calibration"]["with_probe"]["benign_cut"])
+    return new, rec
+
+
+def refit_response_probe(out_dir: str | Path, base_model: str | Path | None = None, preset: str = "cpu",
+                         work_dir: str | Path | None = None, overrides: dict[str, Any] | None = None,
+                         commit_stages: bool = False) -> dict[str, Any]:
+    """Fit every monitor's response residual probe in ``out_dir`` (a finished build); returns the provenance.
+    Only the select and calibration answers go through each network (resumable, in the residual cache format)."""
+    import torch
+
+    from guard.hardware import build_dtype
+    from guard.recipe.cache import build_cache
+    from guard.runner import load_guard_model
+
+    fb = open_finished_build(out_dir, base_model, preset, overrides, PROBE_FIELDS, "response residual probe")
+    out, prov, man, cfg, new_cfg, base_model, ds = (fb.out, fb.prov, fb.manifest, fb.cfg, fb.new_cfg, fb.base_model,
+                                                    fb.dataset)
+    if not cfg.response_probe:
+        raise ValueError("response_probe is off: there is no residual probe to fit")
+    prov_f = out / "provenance.json"
+    dtype, layer = build_dtype(str(man["dtype"])), int(man["layer"])
+    work = Path(work_dir) if work_dir is not None else default_work_dir(preset)
+    work.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(cfg.threads)
+    answers = [s for s in ds.splits["select"] if s.gate == "response"]
+    n_sel = len(answers)
+    answers += [s for s in ds.splits["calib"] if s.gate == "response"]
+    sel_idx, cal_idx = list(range(n_sel)), list(range(n_sel, len(answers)))
+    names = [str(m) for m in man["monitors"]]
+    prog = Progress({f"probe_{n}": 5.0 for n in names})
+    t_all = time.time()
+    record: dict[str, Any] = {"layer": layer, "dtype": dtype, "answers": {"select": n_sel, "calib": len(cal_idx)},
+                              "monitors": {}}
+    for name in names:
+        stage = f"probe_{name}"
+        prog.start(stage)
+        t0 = time.time()
+        adapter = out / "lora" if name == "lora" else None
+        model, tok = load_guard_model(base_model, adapter, dtype=dtype)
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        cache = build_cache(model, tok, answers, (layer,), work / "cache" / f"response-probe-{name}",
+                            model_id=monitored_id(str(prov.get("base_model")), adapter), max_tokens=cfg.max_tokens,
+                            dtype=dtype, progress=lambda d, n, st=stage: prog.update(st, 0.8 * d / n))
+        del model
+        spec = MonitorSpec.load(out / "monitors" / name, name)
+        if spec.encoder.probe_ids:
+            spec = MonitorSpec(replace(spec.encoder, probe_W=None, probe_ids=[]),
+                               {"prompt": spec.gates["prompt"],
+                                "response": replace(spec.gates["response"], probe=None, probe_threshold=None)},
+                               spec.name, spec.info, spec.reference)
+        new, prec = fit_residual_probe(spec, cache, layer, tok, answers, sel_idx, cal_idx, cfg.budget_response)
+        new.save(out / "monitors" / name)
+        rec_f = out / "monitors" / name / "build.json"
+        rec = json.loads(rec_f.read_text()) if rec_f.is_file() else {"report": {}}
+        rec["report"].setdefault("response", {})["probe"] = prec
+        seconds = time.time() - t0
+        rec = {"key": "probe-refit:" + _hash([rec.get("key"), new_cfg]), "report": rec["report"],
+               "probe_refit": {"previous_key": rec.get("key"), "seconds": seconds}}
+        rec_f.write_text(json.dumps(rec, default=str))
+        prov.setdefault("monitors", {}).setdefault(name, {}).setdefault("response", {})["probe"] = prec
+        record["monitors"][name] = {**prec, "fit_seconds": prec["seconds"], "seconds": seconds}
+        prog.finish(stage)
+    record.update(seconds=time.time() - t_all, machine=platform.platform(),
+                  created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    prov["config"] = new_cfg
+    prov.setdefault("probe_refits", []).append(record)
+    prov_f.write_text(json.dumps(prov, indent=1, default=str))
+    _commit([out / "monitors", prov_f], "guard build: response residual probe fitted", commit_stages)
+    return prov
