@@ -191,6 +191,8 @@ class SafetyInfo(OpenAIBaseModel):
     gate: str = "response"
     char_offset: int | None = None
     decision: str = "intervened"
+    # the response gate's trigger that crossed: "readout" (the SAE latents in ``features``) or "residual_probe"
+    trigger: str = "readout"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,6 +35,9 @@ class SafetyCut:
     gate: str = "response"               # "prompt" | "response"
     char_offset: int | None = None
     decision: str = "intervened"         # "intervened" | "guard_error" (fail-closed) | "guard_busy" (no slot in time)
+    # which of the gate's triggers crossed: its latent read-out ("readout", which ``features`` explain) or the
+    # response gate's residual probe alone ("residual_probe", which names no latent)
+    trigger: str = "readout"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -67,10 +67,12 @@ class GateSpec:
     own_budget_scores: dict[str, list[float]] = field(default_factory=dict)
     # a response gate's term for the conversation's own risk (:class:`guard.monitor.ContextTerm`)
     context: ContextTerm | None = None
-    # a second trigger over the encoder's residual-probe columns, and the threshold it was calibrated at
-    # (:class:`guard.monitor.GateScorer` puts it on this gate's scale; ``benign_scores`` then hold both)
+    # a second trigger over the encoder's residual-probe columns, the threshold it was calibrated at
+    # (:class:`guard.monitor.GateScorer` puts it on this gate's scale) and its own scores of the calibration
+    # split's benign traffic, so that a budget chosen at load time holds for each trigger on its own
     probe: Head | None = None
     probe_threshold: float | None = None
+    probe_benign_scores: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if (self.probe is None) != (self.probe_threshold is None):
@@ -89,7 +91,8 @@ class GateSpec:
                 "benign_scores": [float(x) for x in self.benign_scores],
                 "own_budget_scores": {k: [float(x) for x in v] for k, v in self.own_budget_scores.items()},
                 "context": None if self.context is None else self.context.to_dict(),
-                "probe": None if self.probe is None else self.probe.to_dict(), "probe_threshold": self.probe_threshold}
+                "probe": None if self.probe is None else self.probe.to_dict(), "probe_threshold": self.probe_threshold,
+                "probe_benign_scores": [float(x) for x in self.probe_benign_scores]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GateSpec:
@@ -100,27 +103,36 @@ class GateSpec:
                    {k: [float(x) for x in v] for k, v in d.get("own_budget_scores", {}).items()},
                    None if d.get("context") is None else ContextTerm.from_dict(d["context"]),
                    None if d.get("probe") is None else Head.from_dict(d["probe"]),
-                   None if d.get("probe_threshold") is None else float(d["probe_threshold"]))
+                   None if d.get("probe_threshold") is None else float(d["probe_threshold"]),
+                   [float(x) for x in d.get("probe_benign_scores", [])])
 
     def threshold_for_budget(self, budget: float) -> float:
         """The lowest threshold that flags at most ``budget`` of the calibration split's benign traffic."""
         if not self.benign_scores:
             raise ValueError("this monitor was built without benign calibration scores; set a threshold instead")
-        import numpy as np
+        return max(_at_budget(v, budget) for v in [self.benign_scores, *(x for x in self.own_budget_scores.values() if x)])
 
-        def at_budget(scores: list[float]) -> float:
-            s = np.sort(np.asarray(scores, dtype=np.float64))
-            allowed = int(np.floor(budget * len(s) + 1e-9))
-            v = s[len(s) - allowed - 1]
-            above = s[s > v]
-            return float((v + above[0]) / 2.0) if len(above) else float(v + max(1e-6, 1e-6 * abs(v)))
-
-        return max(at_budget(v) for v in [self.benign_scores, *(x for x in self.own_budget_scores.values() if x)])
+    def probe_threshold_for_budget(self, budget: float) -> float:
+        """The residual probe's own threshold for ``budget`` (on its calibration scores of benign traffic)."""
+        if self.probe is None or not self.probe_benign_scores:
+            raise ValueError("this gate has no residual probe with benign calibration scores")
+        return _at_budget(self.probe_benign_scores, budget)
 
     def all_ids(self) -> list[int]:
         """The SAE latents this gate reads (a residual probe's columns are not latents)."""
         heads = [self.overall, *self.categories.values(), *([self.context.head] if self.context else [])]
         return sorted({j for h in heads for j in h.ids})
+
+
+def _at_budget(scores: list[float], budget: float) -> float:
+    """The lowest threshold that flags at most ``budget`` of ``scores`` (midway to the next score up)."""
+    import numpy as np
+
+    s = np.sort(np.asarray(scores, dtype=np.float64))
+    allowed = int(np.floor(budget * len(s) + 1e-9))
+    v = s[len(s) - allowed - 1]
+    above = s[s > v]
+    return float((v + above[0]) / 2.0) if len(above) else float(v + max(1e-6, 1e-6 * abs(v)))
 
 
 @dataclass
@@ -163,10 +175,14 @@ class MonitorSpec:
     def threshold(self, gate: str) -> float:
         return self.gates[gate].threshold
 
-    def scorer(self, gate: str, threshold: float | None = None) -> GateScorer:
+    def scorer(self, gate: str, threshold: float | None = None, probe_threshold: float | None = None) -> GateScorer:
+        """The gate at ``threshold`` (the build's by default). A residual probe cuts at ``probe_threshold`` when
+        given; otherwise its threshold moves with the gate's, by the same amount."""
         g = self.gates[gate]
-        return GateScorer(g.overall, self.encoder.columns, g.threshold if threshold is None else float(threshold),
-                          g.pooling, g.categories, g.category_thresholds, g.context, g.probe, g.probe_offset)
+        thr = g.threshold if threshold is None else float(threshold)
+        offset = g.probe_offset if probe_threshold is None or g.probe is None else thr - float(probe_threshold)
+        return GateScorer(g.overall, self.encoder.columns, thr, g.pooling, g.categories, g.category_thresholds,
+                          g.context, g.probe, offset)
 
 
 def load_model_for(artifacts: str | Path, monitored: str, base_model: str | None = None,

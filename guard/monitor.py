@@ -393,6 +393,11 @@ class StreamScorer:
         self._win, self._rows = deque(win, maxlen=win.maxlen), deque(rows, maxlen=rows.maxlen)
         self._pwin = deque(pwin, maxlen=pwin.maxlen)
 
+    @property
+    def trigger(self) -> str:
+        """Which trigger crossed at the last token: the read-out, or the residual probe alone."""
+        return "residual_probe" if self.last.get("readout", math.inf) <= self.threshold else "readout"
+
     def cut_details(self) -> tuple[str, list[tuple[int, float]]]:
         """Category and top features of the window that ends at the last token (call right after a cut)."""
         rows = np.stack(list(self._rows))
@@ -402,5 +407,4 @@ class StreamScorer:
             u = r.contrib(rows)
             cats[c] = r.head.bias + float(u.sum()) / max(len(u), p.min_count)
         # a cut the residual probe made alone names no latent: the read-out's top latents did not cause it
-        by_probe = self.last.get("readout", math.inf) <= self.threshold
-        return self.scorer.category_of(cats), [] if by_probe else self.scorer.top_features(rows)
+        return self.scorer.category_of(cats), [] if self.trigger == "residual_probe" else self.scorer.top_features(rows)

@@ -264,7 +264,15 @@ class NextGuard:
         return float(self.spec.threshold(gate) if thr is None else thr)
 
     def _gate(self, gate: str, policy: GuardPolicy) -> GateScorer:
-        return self.spec.scorer(gate, self.threshold(gate, policy))
+        thr = self.threshold(gate, policy)
+        g = self.spec.gates[gate]
+        budget = self.settings.prompt_budget if gate == "prompt" else self.settings.response_budget
+        explicit = (policy.prompt_threshold if gate == "prompt" else policy.response_threshold) is not None or \
+            (self.settings.prompt_threshold if gate == "prompt" else self.settings.response_threshold) is not None
+        if g.probe is not None and budget is not None and not explicit:
+            # an operator's budget holds for each trigger on its own, as the build's does
+            return self.spec.scorer(gate, thr, g.probe_threshold_for_budget(budget))
+        return self.spec.scorer(gate, thr)
 
     def describe_features(self) -> dict[str, Any]:
         """The read-out of every gate: latents with weights, pooling, the calibrated thresholds."""
@@ -278,15 +286,19 @@ class NextGuard:
                                    "features": [{"id": i, "weight": w} for i, w in zip(h.ids, h.weights, strict=True)]}
                                for c, h in g.categories.items()},
             }
+            if g.probe is not None:
+                # the residual probe reads the residual itself: it has a threshold and a bias, but no latents
+                out[gate]["residual_probe"] = {"threshold": g.probe_threshold, "bias": g.probe.bias,
+                                               "offset_to_gate_scale": g.probe_offset}
         return out
 
     def _cut(self, category: str, feats: list[tuple[int, float]], score: float, threshold: float, token_offset: int,
-             which: str, char_offset: int | None, policy: GuardPolicy) -> SafetyCut | None:
+             which: str, char_offset: int | None, policy: GuardPolicy, trigger: str = "readout") -> SafetyCut | None:
         if policy.categories and category not in policy.categories:
             return None
         return SafetyCut(category=category, score=float(score), threshold=float(threshold), token_offset=token_offset,
                          features=tuple(FeatureActivation(i, round(a, 4)) for i, a in feats), gate=which,
-                         char_offset=char_offset)
+                         char_offset=char_offset, trigger=trigger)
 
     def _error_cut(self, which: str, token_offset: int, err: BaseException) -> SafetyCut:
         log.error("guard error (%s gate), failing closed: %s: %s", which, type(err).__name__, err)
@@ -572,7 +584,7 @@ class NextGuard:
                 released += self._releasable(st, hold, False)
                 # response characters are counted after the label's space, which the first delta carries
                 cut = self._cut(category, feats, c, st.gate.threshold, st.released_tokens, "response",
-                                max(0, a - 1 - st.char_base), policy)
+                                max(0, a - 1 - st.char_base), policy, st.scorer.trigger)
                 if cut is not None:
                     return released, cut
             st.scored_ends.append(b)

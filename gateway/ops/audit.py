@@ -113,6 +113,7 @@ class AuditLog:
             "token_offset": cut.token_offset,
             "char_offset": cut.char_offset,
             "feature_ids": [f.id for f in cut.features],
+            "trigger": cut.trigger,
         }
 
     def records(

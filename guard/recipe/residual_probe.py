@@ -9,7 +9,8 @@ dictionary leaves out, so no read-out over latents can recover it.
 So the response gate gets a second trigger: that probe (sample labels only; class-balanced L2 logistic on
 each select answer's mean residual, standardised, C by calibration average precision), scored through the
 gate's own causal window. Its threshold is set at the response budget on the calibration split's benign
-answers, the same rule as the read-out's; the gate cuts where either crosses. It is served as one extra
+answers, the same rule as the read-out's; the gate cuts where either crosses, so it may flag up to twice the
+budget of benign answers (the record says how much it does). It is served as one extra
 column of the monitor's encoder (:class:`guard.sae.SelectedEncoder`): one dot product per token. A cut it
 makes names no latent; the category read-outs still name the harm.
 """
@@ -106,8 +107,7 @@ def fit_residual_probe(spec: MonitorSpec, cache: Any, layer: int, tok: Any, samp
         "calibration": {"readout_only": gate_numbers(before_a, cal, g.threshold),
                         "with_probe": gate_numbers(after_a, cal, g.threshold)},
         "n_select": len(sel), "n_calib": len(cal), "seconds": time.time() - t0}
-    gate = replace(gate, benign_scores=sorted(float(x) for x in after_a[bt]),
-                   calibration={**g.calibration, "probe": rec})
+    gate = replace(gate, probe_benign_scores=sorted(float(x) for x in p_cal[bt]), calibration={**g.calibration, "probe": rec})
     new = MonitorSpec(encoder, {"prompt": spec.gates["prompt"], "response": gate}, spec.name, spec.info, spec.reference)
     log.info("response residual probe: C %s, threshold %.3f; calibration F1 %.3f -> %.3f, drift cut %.3f -> %.3f, "
              "benign cut %.3f -> %.3f", probe.C, thr_p, rec["calibration"]["readout_only"]["f1"],
@@ -163,7 +163,8 @@ def refit_response_probe(out_dir: str | Path, base_model: str | Path | None = No
         if spec.encoder.probe_ids:
             spec = MonitorSpec(replace(spec.encoder, probe_W=None, probe_ids=[]),
                                {"prompt": spec.gates["prompt"],
-                                "response": replace(spec.gates["response"], probe=None, probe_threshold=None)},
+                                "response": replace(spec.gates["response"], probe=None, probe_threshold=None,
+                                                    probe_benign_scores=[])},
                                spec.name, spec.info, spec.reference)
         new, prec = fit_residual_probe(spec, cache, layer, tok, answers, sel_idx, cal_idx, cfg.budget_response)
         new.save(out / "monitors" / name)

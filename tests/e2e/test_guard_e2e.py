@@ -61,7 +61,12 @@ def test_cut_lands_exactly_where_the_score_crosses(server: str) -> None:
     assert cut_last is not None and cut_last.finish_reason == "content_filter"
     safety = (cut_last.model_extra or {})["safety"]
     assert safety["score"] > thr and safety["threshold"] == pytest.approx(thr)
-    assert safety["features"] and {"id", "activation"} <= set(safety["features"][0])
+    # a cut the latent read-out made is explained by its latents; one the residual probe made alone names none
+    assert safety["trigger"] in ("readout", "residual_probe")
+    if safety["trigger"] == "readout":
+        assert safety["features"] and {"id", "activation"} <= set(safety["features"][0])
+    else:
+        assert safety["features"] == []
     # token_offset is the first withheld token. The engine may hand over several tokens in one delta and a
     # delta leaves only whole, so the cut can start a few tokens before the crossing one, never after it.
     assert safety["token_offset"] <= first < safety["token_offset"] + 8

@@ -93,7 +93,7 @@ async def test_guard_cut_frames_and_abort() -> None:
     assert last["safety"] == {
         "category": "test", "score": 0.8, "threshold": 0.5, "token_offset": 2,
         "features": [{"id": 3, "activation": 2.0}, {"id": 11, "activation": 0.5}],
-        "gate": "response", "char_offset": 6, "decision": "intervened",
+        "gate": "response", "char_offset": 6, "decision": "intervened", "trigger": "readout",
     }
     # the offending text never reached the client
     assert "world" not in json.dumps(frames)

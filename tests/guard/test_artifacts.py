@@ -88,6 +88,16 @@ def test_monitor_is_sparse_and_calibrated_under_the_budget(name: str) -> None:
             assert gate == "response" and ctx["chosen"]["threshold"] == g.threshold
             assert [ctx["chosen"]["weight"], ctx["chosen"]["scale"]] in [list(t) for t in cfg["response_context_grid"]]
             assert ctx["chosen"]["f1"] >= ctx["tried"][0]["f1"] and ctx["chosen"]["benign_cut"] <= budget
+        if g.probe is not None:
+            # the residual probe: at the budget on its own benign scores, served as the encoder's probe column,
+            # and the two triggers together within twice the budget on the calibration split
+            assert gate == "response" and g.probe.ids == spec.encoder.probe_ids == [-1]
+            assert g.probe_threshold == pytest.approx(g.probe_threshold_for_budget(budget))
+            pb = np.asarray(g.probe_benign_scores)
+            assert len(pb) == len(benign) and float((pb > g.probe_threshold).mean()) <= budget
+            rec = g.calibration["probe"]
+            assert rec["flagged_benign_traffic"] <= 2 * budget
+            assert rec["calibration"]["with_probe"]["drift_cut"] > rec["calibration"]["readout_only"]["drift_cut"]
         spec.scorer(gate)                     # builds: every read-out latent has an encoder column
 
 

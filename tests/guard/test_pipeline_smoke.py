@@ -258,11 +258,11 @@ def test_response_probe_refit_keeps_every_read_out(built, tmp_path):
         assert json.loads((art / "monitors" / n / "build.json").read_text())["key"].startswith("probe-refit:")
         spec = MonitorSpec.load(art / "monitors" / n, n)
         assert spec.encoder.probe_ids == [-1] and spec.encoder.probe_W.shape[1] == 1
-        # the benign scores that re-apply a budget are the gate's with both triggers: at the build's own
-        # threshold they flag what the calibration record says
+        # each trigger holds the budget on its own benign scores, so an operator's budget re-applies to both
         g = spec.gates["response"]
-        share = sum(x > g.threshold for x in g.benign_scores) / len(g.benign_scores)
-        assert share == pytest.approx(rec["monitors"][n]["flagged_benign_traffic"])
+        assert g.threshold == pytest.approx(g.threshold_for_budget(0.02))
+        assert g.probe_threshold == pytest.approx(g.probe_threshold_for_budget(0.02))
+        assert rec["monitors"][n]["flagged_benign_traffic"] <= 0.04 + 1e-9
     with pytest.raises(ValueError, match="budget_response"):
         refit_response_probe(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
                              overrides={"threads": 1, "budget_response": 0.05})

@@ -133,6 +133,16 @@ def test_gate_spec_keeps_the_probe_and_its_threshold(tmp_path):
     sc = loaded.scorer("response", threshold=2.0)
     assert sc.columns == [3, 7, 11, -1] and sc.probe == probe and sc.probe_offset == pytest.approx(0.8)
     assert sc.threshold == 2.0
+    # a budget chosen at load time holds for each trigger on its own benign scores
+    g2 = GateSpec(g.overall, g.pooling, 1.2, benign_scores=list(np.linspace(0, 2, 101)), probe=probe,
+                  probe_threshold=0.4, probe_benign_scores=list(np.linspace(-5, -1, 101)))
+    assert GateSpec.from_dict(g2.to_dict()).probe_benign_scores == g2.probe_benign_scores
+    t, tp = g2.threshold_for_budget(0.05), g2.probe_threshold_for_budget(0.05)
+    assert 1.8 < t < 1.92 and -1.2 < tp < -1.16
+    spec2 = MonitorSpec(enc, {"prompt": prompt, "response": g2}, "m")
+    assert spec2.scorer("response", t, tp).probe_offset == pytest.approx(t - tp)
+    with pytest.raises(ValueError, match="no residual probe"):
+        prompt.probe_threshold_for_budget(0.05)
     # an older artifact without a probe loads as before
     assert GateSpec.from_dict({k: v for k, v in g.to_dict().items() if not k.startswith("probe")}).probe is None
     with pytest.raises(ValueError, match="lack selected"):

@@ -292,6 +292,27 @@ async def test_operator_budget_sets_the_threshold_from_the_benign_scores(tok, tm
     assert g.threshold("prompt", GuardPolicy()) == g.spec.threshold("prompt")     # no budget: the build's
 
 
+async def test_operator_budget_holds_for_the_residual_probe_on_its_own(tok, tmp_path):
+    from dataclasses import replace
+
+    import torch
+
+    from guard.monitor import Head
+
+    g, _, _ = make_guard(tok, tmp_path, response_budget=0.05)
+    spec = g.spec
+    spec.encoder = spec.encoder.with_probes(torch.zeros(spec.encoder.d_in, 1), [-1])
+    spec.gates["response"] = replace(spec.gates["response"], benign_scores=[i / 100 for i in range(100)],
+                                     probe=Head([-1], [1.0], None, 0.0, None, "residual_probe"), probe_threshold=-3.0,
+                                     probe_benign_scores=[-10 + i / 10 for i in range(100)])
+    sc = g._gate("response", GuardPolicy())
+    thr, pthr = sc.threshold, sc.threshold - sc.probe_offset
+    assert 0.94 < thr < 0.95 and -0.55 < pthr < -0.5       # each at the operator's 5 %, on its own scores
+    # an explicit threshold moves the probe with the gate, by the same amount as from the build's pair
+    sc = g._gate("response", GuardPolicy(response_threshold=0.5))
+    assert sc.threshold == 0.5 and sc.probe_offset == spec.gates["response"].threshold + 3.0
+
+
 async def test_text_the_guard_cannot_read_is_refused_never_failed_open(tok, tmp_path):
     from guard.api import GuardInputError
 
