@@ -326,7 +326,8 @@ export function cutCard(safety, featureInfo, { where, title } = {}) {
   const gate = safety.gate ?? "response";
   // Kept in the server's order: the guard ranks them by contribution (weight x activation), not activation.
   const feats = safety.features ?? [];
-  const card = el("div", { class: "cut-card", dataset: { category: safety.category, gate } },
+  const trigger = safety.trigger ?? "readout";
+  const card = el("div", { class: "cut-card", dataset: { category: safety.category, gate, trigger } },
     el("div", { class: "cut-title" },
       el("span", { class: "scissors" }, "✂"),
       title ?? (gate === "prompt" ? "Prompt refused by the guard" : "Stream cut by the guard"),
@@ -355,6 +356,10 @@ export function cutCard(safety, featureInfo, { where, title } = {}) {
       list.append(li);
     }
     card.append(el("div", { class: "muted small" }, "top SAE features at the cut:"), list);
+  } else if (trigger === "residual_probe") {
+    // the response gate's second trigger reads the residual itself, which no SAE latent explains
+    card.append(el("div", { class: "muted small probe-note" },
+      "cut by the residual probe: it reads what the SAE does not reconstruct, so no latent names it"));
   }
   return card;
 }
