@@ -254,22 +254,23 @@ class NextGuard:
     # -- thresholds ---------------------------------------------------------------------------------
     def threshold(self, gate: str, policy: GuardPolicy) -> float:
         """The request's threshold, else the operator's threshold, else the operator's budget, else the build's."""
+        return self._threshold_and_budget(gate, policy)[0]
+
+    def _threshold_and_budget(self, gate: str, policy: GuardPolicy) -> tuple[float, float | None]:
+        """:meth:`threshold`, and the operator's budget where that is what set it."""
         thr = policy.prompt_threshold if gate == "prompt" else policy.response_threshold
         if thr is None:
             thr = self.settings.prompt_threshold if gate == "prompt" else self.settings.response_threshold
         if thr is None:
             budget = self.settings.prompt_budget if gate == "prompt" else self.settings.response_budget
             if budget is not None:
-                return self.spec.gates[gate].threshold_for_budget(budget)
-        return float(self.spec.threshold(gate) if thr is None else thr)
+                return self.spec.gates[gate].threshold_for_budget(budget), budget
+        return float(self.spec.threshold(gate) if thr is None else thr), None
 
     def _gate(self, gate: str, policy: GuardPolicy) -> GateScorer:
-        thr = self.threshold(gate, policy)
+        thr, budget = self._threshold_and_budget(gate, policy)
         g = self.spec.gates[gate]
-        budget = self.settings.prompt_budget if gate == "prompt" else self.settings.response_budget
-        explicit = (policy.prompt_threshold if gate == "prompt" else policy.response_threshold) is not None or \
-            (self.settings.prompt_threshold if gate == "prompt" else self.settings.response_threshold) is not None
-        if g.probe is not None and budget is not None and not explicit:
+        if g.probe is not None and budget is not None:
             # an operator's budget holds for each trigger on its own, as the build's does
             return self.spec.scorer(gate, thr, g.probe_threshold_for_budget(budget))
         return self.spec.scorer(gate, thr)

@@ -33,7 +33,7 @@ from guard.monitor import Head, score_sequence
 from guard.recipe import calibration as C
 from guard.recipe.pipeline import Progress, _commit, _hash, default_work_dir, is_benign_traffic, monitored_id
 from guard.recipe.prompt_gate import open_finished_build
-from guard.recipe.response_context import DRIFT_SOURCE, cache_rows
+from guard.recipe.response_context import answer_kind, cache_rows
 from guard.recipe.sources import Sample
 from guard.sae import probe_id
 
@@ -42,19 +42,9 @@ log = logging.getLogger(__name__)
 PROBE_FIELDS = frozenset({"response_probe", "threads"})
 
 
-def _kind(s: Sample) -> str:
-    if s.source == DRIFT_SOURCE:
-        return "drift"
-    if s.label:
-        return "unsafe"
-    if s.source.startswith("generator/benign"):
-        return "benign"
-    return "refusal" if "refusal" in s.source else "other_safe"
-
-
 def gate_numbers(peaks: np.ndarray, samples: Sequence[Sample], threshold: float) -> dict[str, Any]:
     """F1 over the answers (drift streams apart), and the share cut of each kind, at ``threshold``."""
-    kinds = np.array([_kind(s) for s in samples])
+    kinds = np.array([answer_kind(s) for s in samples])
     y = np.array([bool(s.label) for s in samples])
     flag = np.asarray(peaks) > threshold
     nd = kinds != "drift"

@@ -66,7 +66,8 @@ def context_scores(spec: MonitorSpec, rows: Iterable[tuple[np.ndarray, np.ndarra
     return out
 
 
-def _kind(s: Sample) -> str:
+def answer_kind(s: Sample) -> str:
+    """A calibration answer's kind: drift stream, unsafe, benign, refusal or other safe answer."""
     if s.source == DRIFT_SOURCE:
         return "drift"
     if s.label:
@@ -85,7 +86,7 @@ def fit_context_term(spec: MonitorSpec, samples: Sequence[Sample], scores: Seque
     terms = sorted({(float(a), float(k)) for a, k in grid}, key=lambda t: (t[0] + t[1], t))
     if not terms or min(min(t) for t in terms) < 0:
         raise ValueError(f"the context grid must hold (weight, scale) pairs >= 0, got {list(grid)}")
-    kinds = np.array([_kind(s) for s in samples])
+    kinds = np.array([answer_kind(s) for s in samples])
     scored = kinds != "drift"
     benign = kinds == "benign"
     if not benign.any() or not (kinds == "unsafe").any():
