@@ -22,6 +22,8 @@ SETS: dict[str, int] = {
     "fresh_harmful": 1,
     "fresh_harmful_b": 1,
     "fresh_benign_edgy": 0,
+    "fresh_harmful_c": 1,
+    "fresh_benign_edgy_b": 0,
     "everyday": 0,
     "sensitive": 0,
     "structured": 0,

@@ -131,7 +131,8 @@ def _generator_strings() -> list[str]:
 
 
 @pytest.mark.parametrize("name,min_n,min_cats", [("fresh_harmful", 190, 10), ("fresh_harmful_b", 90, 11),
-                                                 ("fresh_benign_edgy", 190, 9)])
+                                                 ("fresh_benign_edgy", 190, 9), ("fresh_harmful_c", 110, 11),
+                                                 ("fresh_benign_edgy_b", 90, 9)])
 def test_fresh_sets_format_and_counts(name: str, min_n: int, min_cats: int) -> None:
     rows = load_eval_prompts(name)
     assert len(rows) >= min_n
