@@ -191,7 +191,8 @@ class SafetyInfo(OpenAIBaseModel):
     gate: str = "response"
     char_offset: int | None = None
     decision: str = "intervened"
-    # the response gate's trigger that crossed: "readout" (the SAE latents in ``features``) or "residual_probe"
+    # the trigger that crossed: "readout" (the SAE latents in ``features``), "residual_probe" (the response gate's
+    # probe alone) or "combined" (the prompt gate's read-out plus its residual probe)
     trigger: str = "readout"
 
 

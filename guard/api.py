@@ -35,8 +35,9 @@ class SafetyCut:
     gate: str = "response"               # "prompt" | "response"
     char_offset: int | None = None
     decision: str = "intervened"         # "intervened" | "guard_error" (fail-closed) | "guard_busy" (no slot in time)
-    # which of the gate's triggers crossed: its latent read-out ("readout", which ``features`` explain) or the
-    # response gate's residual probe alone ("residual_probe", which names no latent)
+    # which of the gate's triggers crossed: its latent read-out ("readout", which ``features`` explain), the
+    # response gate's residual probe alone ("residual_probe", which names no latent), or the prompt gate's sum
+    # of the read-out and its residual probe ("combined", whose latent part ``features`` explain)
     trigger: str = "readout"
 
     def to_dict(self) -> dict[str, Any]:

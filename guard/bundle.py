@@ -73,10 +73,16 @@ class GateSpec:
     probe: Head | None = None
     probe_threshold: float | None = None
     probe_benign_scores: list[float] = field(default_factory=list)
+    # or, instead of a trigger of its own, a probe whose pooled score times this weight is added to the
+    # read-out's (the gate's threshold and benign scores are then those of the sum)
+    probe_weight: float | None = None
 
     def __post_init__(self) -> None:
-        if (self.probe is None) != (self.probe_threshold is None):
-            raise ValueError("a residual probe needs its own threshold, and a probe threshold a probe")
+        if self.probe is None and (self.probe_threshold is not None or self.probe_weight is not None):
+            raise ValueError("a probe threshold or a probe weight needs a residual probe")
+        if self.probe is not None and (self.probe_threshold is None) == (self.probe_weight is None):
+            raise ValueError("a residual probe is either a trigger with its own threshold or added to the read-out "
+                             "with a weight: give exactly one of probe_threshold and probe_weight")
 
     @property
     def probe_offset(self) -> float:
@@ -92,7 +98,7 @@ class GateSpec:
                 "own_budget_scores": {k: [float(x) for x in v] for k, v in self.own_budget_scores.items()},
                 "context": None if self.context is None else self.context.to_dict(),
                 "probe": None if self.probe is None else self.probe.to_dict(), "probe_threshold": self.probe_threshold,
-                "probe_benign_scores": [float(x) for x in self.probe_benign_scores]}
+                "probe_benign_scores": [float(x) for x in self.probe_benign_scores], "probe_weight": self.probe_weight}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GateSpec:
@@ -104,7 +110,8 @@ class GateSpec:
                    None if d.get("context") is None else ContextTerm.from_dict(d["context"]),
                    None if d.get("probe") is None else Head.from_dict(d["probe"]),
                    None if d.get("probe_threshold") is None else float(d["probe_threshold"]),
-                   [float(x) for x in d.get("probe_benign_scores", [])])
+                   [float(x) for x in d.get("probe_benign_scores", [])],
+                   None if d.get("probe_weight") is None else float(d["probe_weight"]))
 
     def threshold_for_budget(self, budget: float) -> float:
         """The lowest threshold that flags at most ``budget`` of the calibration split's benign traffic."""
@@ -115,7 +122,8 @@ class GateSpec:
     def probe_threshold_for_budget(self, budget: float) -> float:
         """The residual probe's own threshold for ``budget`` (on its calibration scores of benign traffic)."""
         if self.probe is None or not self.probe_benign_scores:
-            raise ValueError("this gate has no residual probe with benign calibration scores")
+            raise ValueError("this gate has no residual probe with benign calibration scores of its own (an added "
+                             "probe is part of the gate's score: use threshold_for_budget)")
         return _at_budget(self.probe_benign_scores, budget)
 
     def all_ids(self) -> list[int]:
@@ -180,9 +188,11 @@ class MonitorSpec:
         given; otherwise its threshold moves with the gate's, by the same amount."""
         g = self.gates[gate]
         thr = g.threshold if threshold is None else float(threshold)
+        if probe_threshold is not None and g.probe_weight is not None:
+            raise ValueError(f"the {gate} gate's probe is added to its score: it has no threshold of its own")
         offset = g.probe_offset if probe_threshold is None or g.probe is None else thr - float(probe_threshold)
         return GateScorer(g.overall, self.encoder.columns, thr, g.pooling, g.categories, g.category_thresholds,
-                          g.context, g.probe, offset)
+                          g.context, g.probe, offset, g.probe_weight)
 
 
 def load_model_for(artifacts: str | Path, monitored: str, base_model: str | None = None,

@@ -51,12 +51,16 @@ def _build(args: argparse.Namespace) -> int:
     from guard.recipe.pipeline import PRESETS, build
 
     cfg = _apply(PRESETS[args.preset], _parse_overrides(args.set))
-    if sum((args.prompt_gate_only, args.response_context_only, args.response_probe_only)) > 1:
-        raise SystemExit("--prompt-gate-only, --response-context-only and --response-probe-only refit different parts: "
-                         "run them one after the other")
-    if args.response_context_only or args.prompt_gate_only or args.response_probe_only:
+    only = (args.prompt_gate_only, args.response_context_only, args.response_probe_only, args.prompt_probe_only)
+    if sum(only) > 1:
+        raise SystemExit("--prompt-gate-only, --prompt-probe-only, --response-context-only and --response-probe-only "
+                         "refit different parts: run them one after the other")
+    if any(only):
         # a refit of one part of a finished build, and the provenance list its record is appended to
-        if args.response_context_only:
+        if args.prompt_probe_only:
+            from guard.recipe.prompt_probe import refit_prompt_probe as refit
+            records = "prompt_probe_refits"
+        elif args.response_context_only:
             from guard.recipe.context_refit import refit_response_context as refit
             records = "context_refits"
         elif args.response_probe_only:
@@ -168,6 +172,9 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     b.add_argument("--prompt-gate-only", action="store_true",
                    help="refit only the prompt gate of the finished build in --out, from its own dataset (forwards the "
                         "prompt samples alone; the safeguard, SAE, layer and response gate stay as built)")
+    b.add_argument("--prompt-probe-only", action="store_true",
+                   help="fit only the prompt gate's residual probe of the finished build in --out, added to its "
+                        "read-out's score (forwards the prompts alone; every read-out stays as built)")
     b.add_argument("--response-context-only", action="store_true",
                    help="fit only the response gate's context term of the finished build in --out (forwards the "
                         "calibration answers alone; every read-out stays as built)")

@@ -142,6 +142,13 @@ def fit_probe(X: np.ndarray, y: np.ndarray, Xc: np.ndarray, yc: np.ndarray, seed
 # ------------------------------------------------------------------------------------------------
 # one rung's numbers
 
+def added_weight(readout_benign: np.ndarray, probe_benign: np.ndarray) -> float:
+    """The weight of a probe added to a read-out's score: the ratio of their spreads over benign traffic, so that
+    neither dominates the sum by scale alone (the rule :mod:`guard.recipe.prompt_probe` serves)."""
+    sd = float(np.std(probe_benign))
+    return float(np.std(readout_benign)) / sd if sd > 0 else 0.0
+
+
 def rung_numbers(cal_scores: np.ndarray, cal_benign: np.ndarray, tst_scores: np.ndarray, tst: Sequence[Sample],
                  tst_benign: np.ndarray, budget: float, groups: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
     """Threshold at the budget on the calibration split's benign traffic; AP and recall on the test split,
@@ -268,7 +275,8 @@ def run_ladder(inp: LadderInputs, layers: Sequence[int]) -> dict[str, Any]:
             Xt, spans_t = residual_features(inp.cache, layer, tst)
             p = fit_probe(Xs, y_sel, Xc, y_cal)
             Xe, spans_e = residual_features(extra_cache, layer, ex_all) if ex_all else (None, None)
-            numbers(p.pooled(Xc), p.pooled(Xt), p.pooled(Xe) if Xe is not None else None, "dense_pooled", lrep, ex_key)
+            dense = (p.pooled(Xc), p.pooled(Xt), p.pooled(Xe) if Xe is not None else None)
+            numbers(*dense, "dense_pooled", lrep, ex_key)
             numbers(p.streamed_dense(spans_c, pooling), p.streamed_dense(spans_t, pooling),
                     p.streamed_dense(spans_e, pooling) if spans_e is not None else None, "dense_streamed", lrep, ex_key)
             lrep["dense_pooled"]["C"] = p.C
@@ -285,6 +293,16 @@ def run_ladder(inp: LadderInputs, layers: Sequence[int]) -> dict[str, Any]:
                     head_sample_scores(td_ex, head, pooling) if td_ex is not None else None, "sparse_readout", lrep, ex_key)
             lrep["sparse_readout"].update({"n_latents": len(head.ids), "window": pooling.window,
                                            "shipped": layer == inp.shipped_layer})
+            if gate == "prompt":
+                # the prompt gate as served: the read-out's score plus the weighted dense probe's (here fitted
+                # on the dataset's prompts alone, without the build's generated ones)
+                ro = (head_sample_scores(td["calib"], head, pooling), head_sample_scores(td["test"], head, pooling),
+                      head_sample_scores(td_ex, head, pooling) if td_ex is not None else None)
+                lam = added_weight(ro[0][bt_cal], dense[0][bt_cal])
+                numbers(ro[0] + lam * dense[0], ro[1] + lam * dense[1],
+                        ro[2] + lam * dense[2] if ro[2] is not None and dense[2] is not None else None,
+                        "readout_plus_dense", lrep, ex_key)
+                lrep["readout_plus_dense"]["weight"] = lam
             numbers(head_sample_scores(td["calib"], ref, Pooling()), head_sample_scores(td["test"], ref, Pooling()),
                     head_sample_scores(td_ex, ref, Pooling()) if td_ex is not None else None, "paper_rule", lrep, ex_key)
             log.info("ladder L%d %s: %s (%.0fs)", layer, gate,
@@ -398,6 +416,12 @@ def loso(inp: LadderInputs, layer: int, min_select: int = 20, families: Sequence
                 Xb, _ = residual_features(inp.cache, layer, bench)
                 p = fit_probe(Xs, y_sel, Xc, y_cal)
                 r["dense_pooled"] = at_budget(p.pooled(Xc), p.pooled(Xg), p.pooled(Xb))
+                if gate == "prompt":
+                    # the prompt gate's sum, both parts fitted without the family
+                    ro_c, ro_g, ro_b = (head_sample_scores(td, head, pooling) for td in (td_cal, td_tgt, td_ben))
+                    lam = added_weight(ro_c[bt_cal], p.pooled(Xc)[bt_cal])
+                    r["readout_plus_dense"] = at_budget(ro_c + lam * p.pooled(Xc), ro_g + lam * p.pooled(Xg),
+                                                        ro_b + lam * p.pooled(Xb))
                 q = fit_probe(sae_pooled(td_sel), y_sel, sae_pooled(td_cal), y_cal)
                 r["sae_all_pooled"] = at_budget(q.pooled(sae_pooled(td_cal)), q.pooled(sae_pooled(td_tgt)),
                                                 q.pooled(sae_pooled(td_ben)))

@@ -206,6 +206,8 @@ class GateScorer:
     # that c_t = max(read-out score, probe score + offset) crosses the threshold where either would alone
     probe: Head | None = None
     probe_offset: float = 0.0
+    # or: c_t = read-out score + probe_weight * probe score, for a gate that reads the sum (the prompt gate)
+    probe_weight: float | None = None
 
     def __post_init__(self) -> None:
         pos = {c: i for i, c in enumerate(self.columns)}
@@ -223,7 +225,7 @@ class GateScorer:
 
     def with_threshold(self, threshold: float) -> GateScorer:
         return GateScorer(self.overall, self.columns, float(threshold), self.pooling, self.categories,
-                          self.category_thresholds, self.context, self.probe, self.probe_offset)
+                          self.category_thresholds, self.context, self.probe, self.probe_offset, self.probe_weight)
 
     def probe_contributions(self, acts: np.ndarray) -> np.ndarray:
         """(T, n_columns) -> (T,) per-token contribution of the residual probe (zeros without one)."""
@@ -235,8 +237,10 @@ class GateScorer:
         trigger on the same scale."""
         if self.probe is None or not len(c):
             return np.asarray(c)
-        cp = pool(self.probe_contributions(acts), self.pooling, self.probe.bias) + self.probe_offset
-        return np.maximum(np.asarray(c), cp)
+        cp = pool(self.probe_contributions(acts), self.pooling, self.probe.bias)
+        if self.probe_weight is not None:
+            return np.asarray(c) + self.probe_weight * cp
+        return np.maximum(np.asarray(c), cp + self.probe_offset)
 
     def context_sum(self, acts: np.ndarray, kept: np.ndarray) -> tuple[float, int]:
         """The context read-out's summed contribution over the kept rows of (T, n_columns) and their count."""
@@ -336,6 +340,9 @@ class StreamScorer:
         p = scorer.pooling
         if p.final:
             raise ValueError("a gate that scores the whole sequence at its last token cannot score a stream")
+        if scorer.probe_weight is not None:
+            # the added probe belongs to such a gate; a stream's trigger is the larger of the two scores
+            raise ValueError("a gate whose probe is added to its score cannot score a stream")
         self._win: deque[float] = deque(maxlen=p.window)
         self._pwin: deque[float] = deque(maxlen=p.window)
         self._rows: deque[np.ndarray] = deque(maxlen=p.window)

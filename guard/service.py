@@ -270,8 +270,9 @@ class NextGuard:
     def _gate(self, gate: str, policy: GuardPolicy) -> GateScorer:
         thr, budget = self._threshold_and_budget(gate, policy)
         g = self.spec.gates[gate]
-        if g.probe is not None and budget is not None:
-            # an operator's budget holds for each trigger on its own, as the build's does
+        if g.probe is not None and g.probe_weight is None and budget is not None:
+            # an operator's budget holds for each trigger on its own, as the build's does (a probe added to the
+            # read-out is part of the gate's score, which the budget's threshold already reads)
             return self.spec.scorer(gate, thr, g.probe_threshold_for_budget(budget))
         return self.spec.scorer(gate, thr)
 
@@ -290,7 +291,8 @@ class NextGuard:
             if g.probe is not None:
                 # the residual probe reads the residual itself: it has a threshold and a bias, but no latents
                 out[gate]["residual_probe"] = {"threshold": g.probe_threshold, "bias": g.probe.bias,
-                                               "offset_to_gate_scale": g.probe_offset}
+                                               "offset_to_gate_scale": g.probe_offset,
+                                               "added_with_weight": g.probe_weight}
         return out
 
     def _cut(self, category: str, feats: list[tuple[int, float]], score: float, threshold: float, token_offset: int,
@@ -403,7 +405,8 @@ class NextGuard:
             info["token_offset"] = int(last - whole["span"][0])
             info["char_offset"] = int(max(whole["offs"][last][0], whole["gt"].char_start) - whole["gt"].char_start)
         return self._cut(info["category"], info["features"], info["score"], gate.threshold, info["token_offset"],
-                         "prompt", info["char_offset"], policy)
+                         "prompt", info["char_offset"], policy,
+                         "readout" if gate.probe is None or gate.probe_weight is None else "combined")
 
     async def score_text(self, conversation: Conversation | str, response: str | None = None) -> dict[str, Any]:
         """``{"tokens", "scores", "threshold", "cut"}`` over the response tokens (or the conversation's)."""

@@ -55,8 +55,8 @@ class GuardText:
     text: str
     char_start: int      # first character of the scored span
     char_end: int        # one past the last character
-    # a response's text: the characters of the conversation it answers as the prompt gate reads them (after the
-    # first role label, before the response label); what a response gate's context term reads
+    # a response's text: the characters of the conversation it answers that a response gate's context term
+    # reads (:func:`context_chars`: after the leading system messages, before the response label)
     context: tuple[int, int] | None = None
 
 
@@ -114,9 +114,25 @@ def response_context(conv: Conversation) -> str:
     return conversation_text(conv) + RESPONSE_LABEL
 
 
+SYSTEM_ROLES = frozenset({"system", "developer"})
+
+
 def context_chars(conv: Conversation) -> tuple[int, int]:
-    """The characters of :func:`response_context` (and of :func:`response_text`) that the prompt gate reads."""
-    return prompt_text(conv).char_start, len(conversation_text(conv))
+    """The characters of :func:`response_context` (and of :func:`response_text`) that a response gate's context
+    term reads: from the content of the first turn after the leading system messages to the conversation's end.
+
+    The term measures the risk of the request being answered. A system message is the deployment's standing
+    instruction, the same on every request, so reading it would shift every answer's score by the operator's
+    wording rather than by what was asked (a benign persona paragraph lifted benign stories over the threshold).
+    The prompt gate still reads the system message, where an attack can hide. A conversation of system messages
+    alone is read whole."""
+    text = conversation_text(conv)
+    pos = 0
+    for role, content in conv:
+        if role not in SYSTEM_ROLES:
+            return pos + len(role_label(role)) + 2, len(text)
+        pos += len(f"{role_label(role)}: {content.strip()}") + 1
+    return prompt_text(conv).char_start, len(text)
 
 
 def response_text(conv: Conversation, response: str) -> GuardText:

@@ -116,6 +116,9 @@ class BuildConfig:
     # the response gate's second trigger, a probe on the residual (guard.recipe.residual_probe), calibrated at
     # the response budget on its own
     response_probe: bool = True
+    # the prompt gate's residual probe, added to its read-out's score (guard.recipe.prompt_probe), one threshold
+    # on the sum at the prompt budget
+    prompt_probe: bool = True
     max_tokens: int = 2048           # guard context used for fitting (longer conversations keep their end)
     category_latents: int = 24
     posthoc_samples: int = 200       # per split and gate, for the safeguard's post-hoc verdict numbers
@@ -868,6 +871,12 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
             spec, rep["response"]["probe"] = fit_residual_probe(spec, net_cache, chosen, tok, every,
                                                                 gidx["select"]["response"], gidx["calib"]["response"],
                                                                 cfg.budget_response)
+        if cfg.prompt_probe:
+            from guard.recipe.prompt_probe import fit_prompt_probe, model_rows, prompt_samples
+
+            p_sel, p_cal = prompt_samples({"select": sel, "calib": cal}, cfg)
+            spec, rep["prompt"]["probe"] = fit_prompt_probe(spec, model_rows(net, tok, chosen, cfg.max_tokens),
+                                                            p_sel, p_cal, cfg.budget_prompt)
         spec.save(out / "monitors" / name)
         m_rec.write_text(json.dumps({"key": _hash([fit_key, name, chosen]), "report": rep}, default=str))
         monitors[name] = rep
@@ -919,19 +928,18 @@ def has_generated(cfg: BuildConfig) -> bool:
     return bool(sum(cfg.structured_negatives) + sum(cfg.edgy_negatives) + sum(cfg.direct_positives))
 
 
-def generated_prompts(model: Any, tok: Any, sae: Any, layer: int, cfg: BuildConfig, prefix: Path) -> ExtraPrompts:
-    """The generated prompts — benign structured (:mod:`guard.recipe.structured`) and edgy
-    (:mod:`guard.recipe.edgy`) ones, direct harmful requests (:mod:`guard.recipe.direct`) — encoded through
-    ``model`` and the SAE at ``layer``, kept beside the build's other encodings for a resumed build."""
+def generated_prompt_samples(cfg: BuildConfig) -> dict[str, dict[str, list[Sample]]]:
+    """The generated prompts by kind and part ("select", "calib"): benign structured
+    (:mod:`guard.recipe.structured`) and edgy (:mod:`guard.recipe.edgy`) ones, direct harmful requests
+    (:mod:`guard.recipe.direct`), as many as the build's settings ask for."""
     from guard.recipe.direct import direct_prompts
     from guard.recipe.edgy import edgy_prompts
-    from guard.recipe.encode import encode_samples
     from guard.recipe.structured import structured_prompts
 
     s_fit, s_cal = (int(x) for x in cfg.structured_negatives)
     e_fit, e_cal = (int(x) for x in cfg.edgy_negatives)
     d_fit, d_cal = (int(x) for x in cfg.direct_positives)
-    kinds = {
+    return {
         "structured": {"select": structured_prompts(s_fit, cfg.seed * 1000 + 11),
                        "calib": structured_prompts(s_cal, cfg.seed * 1000 + 12)},
         "edgy": {"select": edgy_prompts(e_fit, cfg.seed * 1000 + 21, "select"),
@@ -939,6 +947,14 @@ def generated_prompts(model: Any, tok: Any, sae: Any, layer: int, cfg: BuildConf
         "direct": {"select": direct_prompts(d_fit, cfg.seed * 1000 + 31, "select"),
                    "calib": direct_prompts(d_cal, cfg.seed * 1000 + 32, "calib")},
     }
+
+
+def generated_prompts(model: Any, tok: Any, sae: Any, layer: int, cfg: BuildConfig, prefix: Path) -> ExtraPrompts:
+    """The generated prompts (:func:`generated_prompt_samples`) encoded through ``model`` and the SAE at
+    ``layer``, kept beside the build's other encodings for a resumed build."""
+    from guard.recipe.encode import encode_samples
+
+    kinds = generated_prompt_samples(cfg)
     tds: dict[str, TokenData] = {}
     samples: dict[str, list[Sample]] = {"select": [], "calib": []}
     for kind, parts in kinds.items():

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 PROMPT_GATE_FIELDS = frozenset({
     "prompt_head_grid", "prompt_head_fit", "prompt_head_c", "prompt_head_final", "prompt_refit_grid",
     "prompt_refit_c", "structured_negatives", "edgy_negatives", "direct_positives", "budget_prompt", "threads",
+    "prompt_probe",
 })
 
 
@@ -150,6 +151,18 @@ def refit_prompt_gate(out_dir: str | Path, base_model: str | Path | None = None,
         spec = MonitorSpec.from_gates({"prompt": fits["prompt"].spec, "response": old.gates["response"]}, sae, name,
                                       old.info, {"prompt": fits["reference/prompt"].spec,
                                                  "response": old.reference["response"]})
+        # the response gate's residual probe keeps its encoder column; the prompt gate's probe is fitted again,
+        # on the sum with the new read-out
+        resp = old.gates["response"]
+        if resp.probe is not None:
+            cols = [old.encoder.probe_ids.index(i) for i in resp.probe.ids]
+            spec = replace(spec, encoder=spec.encoder.with_probes(old.encoder.probe_W[:, cols], list(resp.probe.ids)))
+        if cfg.prompt_probe:
+            from guard.recipe.prompt_probe import fit_prompt_probe, model_rows, prompt_samples
+
+            p_sel, p_cal = prompt_samples(ds.splits, cfg)
+            spec, rep["prompt"]["probe"] = fit_prompt_probe(spec, model_rows(model, tok, layer, cfg.max_tokens),
+                                                            p_sel, p_cal, cfg.budget_prompt)
         spec.save(out / "monitors" / name)
         rec_f = out / "monitors" / name / "build.json"
         rec = json.loads(rec_f.read_text()) if rec_f.is_file() else {"report": {}}

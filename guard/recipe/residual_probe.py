@@ -42,6 +42,41 @@ log = logging.getLogger(__name__)
 PROBE_FIELDS = frozenset({"response_probe", "threads"})
 
 
+def add_probe_column(encoder: Any, w: np.ndarray) -> tuple[Any, int]:
+    """``encoder`` with the residual probe ``w`` (d_in,) as one more column, and that column's id (the first
+    probe id no other column holds)."""
+    import torch
+
+    ids = list(encoder.probe_ids)
+    pid = next(probe_id(j) for j in range(len(ids) + 1) if probe_id(j) not in ids)
+    col = torch.as_tensor(np.asarray(w, dtype=np.float32)).reshape(-1, 1)
+    W = col if encoder.probe_W is None else torch.cat([encoder.probe_W.to(col.dtype), col], dim=1)
+    return encoder.with_probes(W, [*ids, pid]), pid
+
+
+def without_probe(spec: MonitorSpec, gate: str) -> MonitorSpec:
+    """``spec`` without ``gate``'s residual probe and its encoder column; a gate whose score the probe was added
+    to gets the read-out's own threshold and calibration scores back."""
+    g = spec.gates[gate]
+    if g.probe is None:
+        return spec
+    drop = set(g.probe.ids)
+    enc = spec.encoder
+    keep = [k for k, i in enumerate(enc.probe_ids) if i not in drop]
+    encoder = replace(enc, probe_W=enc.probe_W[:, keep].contiguous() if keep else None, probe_ids=[enc.probe_ids[k] for k in keep])
+    new = replace(g, probe=None, probe_threshold=None, probe_weight=None, probe_benign_scores=[])
+    if g.probe_weight is not None:
+        rec = g.calibration.get("probe", {})
+        if "readout_threshold" not in rec:
+            raise ValueError(f"the {gate} gate's added probe has no record of the read-out's own calibration")
+        new = replace(new, threshold=float(rec["readout_threshold"]),
+                      benign_scores=[float(x) for x in rec.get("readout_benign_scores", [])],
+                      own_budget_scores={k: [float(x) for x in v]
+                                         for k, v in rec.get("readout_own_budget_scores", {}).items()},
+                      calibration={k: v for k, v in g.calibration.items() if k != "probe"})
+    return MonitorSpec(encoder, {**spec.gates, gate: new}, spec.name, spec.info, spec.reference)
+
+
 def gate_numbers(peaks: np.ndarray, samples: Sequence[Sample], threshold: float) -> dict[str, Any]:
     """F1 over the answers (drift streams apart), and the share cut of each kind, at ``threshold``."""
     kinds = np.array([answer_kind(s) for s in samples])
@@ -62,6 +97,7 @@ def fit_residual_probe(spec: MonitorSpec, cache: Any, layer: int, tok: Any, samp
     from guard.ladder import fit_probe, residual_features
 
     t0 = time.time()
+    spec = without_probe(spec, "response")
     g = spec.gates["response"]
     sel = [samples[i] for i in sel_idx]
     cal = [samples[i] for i in cal_idx]
@@ -75,10 +111,9 @@ def fit_residual_probe(spec: MonitorSpec, cache: Any, layer: int, tok: Any, samp
     p_cal = probe.streamed_dense(spans, g.pooling)
     del spans
     thr_p = C.threshold_at_budget(p_cal[bt], budget)
-    pid = probe_id(0)
+    encoder, pid = add_probe_column(spec.encoder, np.asarray(probe.w, dtype=np.float32))
     head = Head([pid], [1.0], None, float(probe.b), None, "residual_probe",
                 {"fit": "class-balanced L2 logistic on the mean residual", "C": probe.C})
-    encoder = spec.encoder.with_probes(np.asarray(probe.w, dtype=np.float32)[:, None], [pid])
     gate = replace(g, probe=head, probe_threshold=float(thr_p))
     new = MonitorSpec(encoder, {"prompt": spec.gates["prompt"], "response": gate}, spec.name, spec.info, spec.reference)
     # the gate's scores with both triggers, as served, over the calibration answers
@@ -150,12 +185,6 @@ def refit_response_probe(out_dir: str | Path, base_model: str | Path | None = No
                             dtype=dtype, progress=lambda d, n, st=stage: prog.update(st, 0.8 * d / n))
         del model
         spec = MonitorSpec.load(out / "monitors" / name, name)
-        if spec.encoder.probe_ids:
-            spec = MonitorSpec(replace(spec.encoder, probe_W=None, probe_ids=[]),
-                               {"prompt": spec.gates["prompt"],
-                                "response": replace(spec.gates["response"], probe=None, probe_threshold=None,
-                                                    probe_benign_scores=[])},
-                               spec.name, spec.info, spec.reference)
         new, prec = fit_residual_probe(spec, cache, layer, tok, answers, sel_idx, cal_idx, cfg.budget_response)
         new.save(out / "monitors" / name)
         rec_f = out / "monitors" / name / "build.json"

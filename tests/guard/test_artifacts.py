@@ -88,10 +88,19 @@ def test_monitor_is_sparse_and_calibrated_under_the_budget(name: str) -> None:
             assert gate == "response" and ctx["chosen"]["threshold"] == g.threshold
             assert [ctx["chosen"]["weight"], ctx["chosen"]["scale"]] in [list(t) for t in cfg["response_context_grid"]]
             assert ctx["chosen"]["f1"] >= ctx["tried"][0]["f1"] and ctx["chosen"]["benign_cut"] <= budget
-        if g.probe is not None:
+        if g.probe is not None and gate == "prompt":
+            # the prompt gate's probe is added to the read-out's score: the threshold and benign scores checked
+            # above are the sum's, and the sum does better on the calibration split than the read-out alone
+            assert g.probe_weight is not None and g.probe_weight > 0 and g.probe_threshold is None
+            assert len(g.probe.ids) == 1 and g.probe.ids[0] in spec.encoder.probe_ids
+            rec = g.calibration["probe"]
+            assert rec["threshold"] == pytest.approx(g.threshold)
+            assert rec["calibration"]["with_probe"]["balanced_accuracy"] > rec["calibration"]["readout_only"]["balanced_accuracy"]
+            assert rec["calibration"]["with_probe"]["flagged_benign_traffic"] <= budget
+        elif g.probe is not None:
             # the residual probe: at the budget on its own benign scores, served as the encoder's probe column,
             # and the two triggers together within twice the budget on the calibration split
-            assert gate == "response" and g.probe.ids == spec.encoder.probe_ids == [-1]
+            assert gate == "response" and len(g.probe.ids) == 1 and g.probe.ids[0] in spec.encoder.probe_ids
             assert g.probe_threshold == pytest.approx(g.probe_threshold_for_budget(budget))
             pb = np.asarray(g.probe_benign_scores)
             assert len(pb) == len(benign) and float((pb > g.probe_threshold).mean()) <= budget

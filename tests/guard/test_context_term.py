@@ -119,5 +119,14 @@ def test_the_context_span_is_the_conversation_without_its_labels():
     assert gt.context is not None and gt.text[slice(*gt.context)] == "hello there"
     conv = (("system", "be brief"), ("user", "first"), ("assistant", "ok"), ("user", "last one"))
     a, b = context_chars(conv)
-    assert response_context(conv)[a:b] == "be brief\nUser: first\nAssistant: ok\nUser: last one"
+    assert response_context(conv)[a:b] == "first\nAssistant: ok\nUser: last one"
     assert response_text(conv, "x").context == (a, b)
+    # the leading system messages are the deployment's, not the request: the term skips them, however many
+    two = (("developer", "be kind"), ("system", " be brief "), ("user", "q"))
+    a, b = context_chars(two)
+    assert response_context(two)[a:b] == "q"
+    # a conversation of system messages alone is read whole; a system message after the first request is read
+    only = (("system", "be brief"),)
+    assert response_context(only)[slice(*context_chars(only))] == "be brief"
+    late = (("user", "q"), ("system", "now be brief"))
+    assert response_context(late)[slice(*context_chars(late))] == "q\nSystem: now be brief"

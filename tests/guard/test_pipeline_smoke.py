@@ -77,8 +77,14 @@ def test_build_outputs(built):
     assert probe["probe_flagged_benign_traffic"] <= 0.02 + 1e-9
     assert probe["calibration"]["with_probe"]["benign_cut"] <= 0.04 + 1e-9
     assert resp["calibration"]["probe"]["C"] == probe["C"]
+    # the prompt gate's probe: added to its read-out's score, one threshold on the sum at the prompt budget
+    pp = prov["monitors"]["lora"]["prompt"]["probe"]
+    ph = heads["prompt"]
+    assert ph["probe"]["ids"] == [-2] and ph["probe_weight"] == pp["weight"] and ph["probe_threshold"] is None
+    assert ph["threshold"] == pp["threshold"] and pp["readout_threshold"] == ph["calibration"]["calib"]["threshold"]
+    assert pp["calibration"]["with_probe"]["flagged_benign_traffic"] <= 0.02 + 1e-9
     enc = json.loads((art / "monitors/lora/selected_encoder.json").read_text())
-    assert enc["probe_ids"] == [-1] and -1 not in enc["ids"]
+    assert enc["probe_ids"] == [-1, -2] and -1 not in enc["ids"]
 
 
 def test_eval_and_bench_run(built, tmp_path):
@@ -194,6 +200,11 @@ def test_prompt_gate_refit_keeps_everything_else(built, tmp_path):
         assert new["monitors"][n]["response"] == prov["monitors"][n]["response"]
         spec = MonitorSpec.load(art / "monitors" / n, n)
         assert set(spec.gates["prompt"].overall.ids) <= set(spec.encoder.ids)
+        # the response gate's probe keeps its column; the prompt gate's probe is fitted again on the new read-out
+        spec.scorer("response")
+        assert sorted(spec.encoder.probe_ids) == [-2, -1]
+        assert after["prompt"]["probe_weight"] == new["monitors"][n]["prompt"]["probe"]["weight"]
+        assert after["prompt"]["threshold"] == pytest.approx(spec.gates["prompt"].threshold_for_budget(0.02))
         assert json.loads((art / "monitors" / n / "build.json").read_text())["key"].startswith("prompt-refit:")
     assert (art / "sae" / "sae_weights.safetensors").read_bytes() == sae
     assert (art / "manifest.json").read_text() == manifest
@@ -257,7 +268,9 @@ def test_response_probe_refit_keeps_every_read_out(built, tmp_path):
         assert after["response"]["probe_threshold"] == rec["monitors"][n]["probe_threshold"]
         assert json.loads((art / "monitors" / n / "build.json").read_text())["key"].startswith("probe-refit:")
         spec = MonitorSpec.load(art / "monitors" / n, n)
-        assert spec.encoder.probe_ids == [-1] and spec.encoder.probe_W.shape[1] == 1
+        # the prompt gate's probe column stays; the response gate's is fitted again
+        assert sorted(spec.encoder.probe_ids) == [-2, -1] and spec.encoder.probe_W.shape[1] == 2
+        spec.scorer("prompt")
         # each trigger holds the budget on its own benign scores, so an operator's budget re-applies to both
         g = spec.gates["response"]
         assert g.threshold == pytest.approx(g.threshold_for_budget(0.02))
@@ -266,6 +279,42 @@ def test_response_probe_refit_keeps_every_read_out(built, tmp_path):
     with pytest.raises(ValueError, match="budget_response"):
         refit_response_probe(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
                              overrides={"threads": 1, "budget_response": 0.05})
+
+
+def test_prompt_probe_refit_keeps_every_read_out(built, tmp_path):
+    """Fitting the prompt gate's probe alone changes only that probe, the prompt threshold and the benign
+    scores of the sum; the read-outs, the response gate and the SAE stay as built."""
+    import shutil
+
+    from guard.bundle import MonitorSpec
+    from guard.recipe.prompt_probe import refit_prompt_probe
+
+    d, _ = built
+    art = tmp_path / "art"
+    shutil.copytree(d / "art", art)
+    heads = {n: json.loads((art / "monitors" / n / "heads.json").read_text()) for n in ("lora", "base")}
+    sae = (art / "sae" / "sae_weights.safetensors").read_bytes()
+    new = refit_prompt_probe(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
+                             overrides={"threads": 1})
+    rec = new["prompt_probe_refits"][-1]
+    for n in ("lora", "base"):
+        after = json.loads((art / "monitors" / n / "heads.json").read_text())
+        assert after["response"] == heads[n]["response"] and after["reference"] == heads[n]["reference"]
+        for k in ("overall", "categories", "category_thresholds", "pooling"):
+            assert after["prompt"][k] == heads[n]["prompt"][k], k
+        # the read-out's own calibration is what the sum started from, not the previous sum's
+        assert rec["monitors"][n]["readout_threshold"] == heads[n]["prompt"]["calibration"]["probe"]["readout_threshold"]
+        assert after["prompt"]["threshold"] == rec["monitors"][n]["threshold"]
+        assert json.loads((art / "monitors" / n / "build.json").read_text())["key"].startswith("prompt-probe-refit:")
+        spec = MonitorSpec.load(art / "monitors" / n, n)
+        assert sorted(spec.encoder.probe_ids) == [-2, -1]
+        g = spec.gates["prompt"]
+        assert g.probe_weight == rec["monitors"][n]["weight"] and g.threshold == pytest.approx(g.threshold_for_budget(0.02))
+        spec.scorer("response")
+    assert (art / "sae" / "sae_weights.safetensors").read_bytes() == sae
+    with pytest.raises(ValueError, match="budget_response"):
+        refit_prompt_probe(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
+                           overrides={"threads": 1, "budget_response": 0.05})
 
 
 def test_ladder_runs_on_the_build_cache(built, tmp_path):
@@ -280,7 +329,8 @@ def test_ladder_runs_on_the_build_cache(built, tmp_path):
     rungs = {"dense_pooled", "dense_streamed", "sae_all_pooled", "sae_all_streamed", "sparse_readout", "paper_rule"}
     for layer, gates in lad["layers"].items():
         for gate in ("prompt", "response"):
-            assert set(gates[gate]) == rungs, (layer, gate)
+            # the prompt gate as served, the read-out plus the dense probe, is a rung of its own
+            assert set(gates[gate]) == rungs | ({"readout_plus_dense"} if gate == "prompt" else set()), (layer, gate)
             for name, r in gates[gate].items():
                 assert 0.0 <= r["average_precision"] <= 1.0 and 0.0 <= r["recall_at_budget"] <= 1.0, (layer, gate, name)
         assert gates["prompt"]["sparse_readout"]["shipped"] == (int(layer) == prov["layer"])
@@ -293,6 +343,8 @@ def test_ladder_runs_on_the_build_cache(built, tmp_path):
     # the cache the build wrote was reused, not rebuilt
     assert (d / "work" / "cache" / "lora" / "meta.json").stat().st_mtime < (tmp_path / "lad" / "ladder.json").stat().st_mtime
     assert "results" in rep["leave_one_source_out"]
+    for key, r in rep["leave_one_source_out"]["results"].items():
+        assert ("readout_plus_dense" in r) == (key.startswith("prompt/") and "dense_pooled" in r), key
     assert {"fresh_harmful", "fresh_benign_edgy"} <= set(flags)
     dil = rep["dilution"]
     assert set(dil["refused"]) == {"plain", "tool_message", "assistant_prefill", "split_turns", "filler"}

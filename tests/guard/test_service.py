@@ -313,6 +313,36 @@ async def test_operator_budget_holds_for_the_residual_probe_on_its_own(tok, tmp_
     assert sc.threshold == 0.5 and sc.probe_offset == spec.gates["response"].threshold + 3.0
 
 
+async def test_a_probe_added_to_the_prompt_gate_is_read_by_its_budget_and_named_in_a_refusal(tok, tmp_path):
+    from dataclasses import replace
+
+    import numpy as np
+    import torch
+
+    from guard.monitor import Head
+
+    g, _, _ = make_guard(tok, tmp_path, prompt_budget=0.05)
+    spec = g.spec
+    spec.encoder = spec.encoder.with_probes(torch.zeros(spec.encoder.d_in, 1), [-2])
+    # the probe's column reads nothing (zero weights): its bias alone moves every score by weight x bias
+    spec.gates["prompt"] = replace(spec.gates["prompt"], benign_scores=[i / 100 for i in range(100)],
+                                   own_budget_scores={}, probe=Head([-2], [1.0], None, 4.0, None, "residual_probe"),
+                                   probe_weight=0.5)
+    sc = g._gate("prompt", GuardPolicy())
+    # the budget reads the sum's benign scores; the added probe has no threshold of its own to move
+    assert 0.94 < sc.threshold < 0.95 and sc.probe_weight == 0.5 and sc.probe_offset == 0.0
+    plain = replace(spec.gates["prompt"], probe=None, probe_weight=None)
+    conv = user("hello there, how are you today?")
+    base = (await g.score_text(conv[0][1]))["scores"]
+    spec.gates["prompt"], added = plain, spec.gates["prompt"]
+    plain_scores = (await g.score_text(conv[0][1]))["scores"]
+    spec.gates["prompt"] = added
+    np.testing.assert_allclose(base, np.asarray(plain_scores) + 0.5 * 4.0, rtol=1e-6)
+    # a refusal by the sum says so, and still names the read-out's latents
+    cut = await g.check_prompt(conv, GuardPolicy(prompt_threshold=min(base) - 1.0))
+    assert cut is not None and cut.gate == "prompt" and cut.trigger == "combined"
+
+
 async def test_text_the_guard_cannot_read_is_refused_never_failed_open(tok, tmp_path):
     from guard.api import GuardInputError
 

@@ -356,6 +356,11 @@ export function cutCard(safety, featureInfo, { where, title } = {}) {
       list.append(li);
     }
     card.append(el("div", { class: "muted small" }, "top SAE features at the cut:"), list);
+    if (trigger === "combined") {
+      // the prompt gate's score is the read-out's plus its residual probe's: the latents explain only part of it
+      card.append(el("div", { class: "muted small probe-note" },
+        "the score adds the residual probe to these features' read-out: they explain part of it"));
+    }
   } else if (trigger === "residual_probe") {
     // the response gate's second trigger reads the residual itself, which no SAE latent explains
     card.append(el("div", { class: "muted small probe-note" },

@@ -1,0 +1,162 @@
+"""The prompt gate's residual probe: added to the read-out's score (not a trigger of its own), kept beside the
+response gate's probe in one encoder, and fitted so that the sum's threshold holds the budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from guard.bundle import GateSpec, MonitorSpec
+from guard.monitor import GateScorer, Head, Pooling, StreamScorer, causal_norm_mask, pool, score_sequence
+from guard.recipe.prompt_probe import fit_prompt_probe
+from guard.recipe.residual_probe import add_probe_column, without_probe
+from guard.recipe.sources import Sample
+from guard.sae import SelectedEncoder, probe_id
+from guard.text import user
+
+D = 6
+
+
+def _encoder(seed: int = 0) -> SelectedEncoder:
+    g = torch.Generator().manual_seed(seed)
+    return SelectedEncoder(ids=[3, 7, 11], W=torch.randn(D, 3, generator=g), b=torch.zeros(3),
+                           b_dec=torch.randn(D, generator=g), threshold=torch.full((3,), 0.1),
+                           normalize="constant_norm_rescale")
+
+
+FINAL = Pooling(2048, 1, final=True)
+PROBE = Head([-1], [1.0], None, -0.4, None, "residual_probe")
+
+
+def test_an_added_probe_scores_the_sum_of_the_two():
+    rng = np.random.default_rng(0)
+    T, span = 30, (4, 30)
+    acts = np.abs(rng.normal(0.5, 0.4, size=(T, 4)))
+    acts[:, 3] = rng.normal(0.0, 1.0, size=T)
+    norms = rng.uniform(1, 2, size=T)
+    norms[12] = 400.0                               # filtered: zero in both parts
+    ov = Head([3, 7], [1.0, 0.5], bias=-0.2)
+    plain = GateScorer(ov, [3, 7, 11, -1], 0.5, FINAL)
+    added = GateScorer(ov, [3, 7, 11, -1], 0.5, FINAL, probe=PROBE, probe_weight=0.7)
+    a = score_sequence(plain, acts, norms, span)
+    b = score_sequence(added, acts, norms, span)
+    kept = causal_norm_mask(norms, 10.0)[span[0]:span[1]]
+    u = acts[span[0]:span[1], 3] * kept
+    want = a.c + 0.7 * pool(u, FINAL, PROBE.bias)
+    np.testing.assert_allclose(b.c, want, rtol=1e-12)
+    assert b.score == pytest.approx(a.score + 0.7 * (PROBE.bias + u.mean()))
+    # the sum is not the larger of the two: a trigger-style probe at the same place scores differently
+    trig = GateScorer(ov, [3, 7, 11, -1], 0.5, FINAL, probe=PROBE, probe_offset=0.0)
+    assert score_sequence(trig, acts, norms, span).score != pytest.approx(b.score)
+    # a stream has no last token to score the sum at
+    with pytest.raises(ValueError, match="added to its score"):
+        StreamScorer(GateScorer(ov, [3, 7, 11, -1], 0.5, Pooling(4, 2), probe=PROBE, probe_weight=0.7))
+
+
+def test_gate_spec_keeps_the_weight_and_budgets_read_the_sum(tmp_path):
+    g = GateSpec(Head([7], [1.0], bias=-0.1), FINAL, 1.1, benign_scores=list(np.linspace(0, 2, 101)), probe=PROBE,
+                 probe_weight=0.8)
+    back = GateSpec.from_dict(g.to_dict())
+    assert back.probe == PROBE and back.probe_weight == 0.8 and back.probe_threshold is None
+    assert back.probe_offset == 0.0
+    with pytest.raises(ValueError, match="exactly one"):
+        GateSpec(Head([7], [1.0]), FINAL, 1.0, probe=PROBE, probe_threshold=0.2, probe_weight=0.8)
+    with pytest.raises(ValueError, match="needs a residual probe"):
+        GateSpec(Head([7], [1.0]), FINAL, 1.0, probe_weight=0.8)
+    # the budget's threshold is on the sum's benign scores; the probe has none of its own
+    assert 1.8 < g.threshold_for_budget(0.05) < 1.92
+    with pytest.raises(ValueError, match="added"):
+        g.probe_threshold_for_budget(0.05)
+    enc = _encoder().with_probes(torch.ones(D, 1), [-1])
+    resp = GateSpec(Head([3], [1.0]), Pooling(4, 2), 0.5)
+    spec = MonitorSpec(enc, {"prompt": g, "response": resp}, "m")
+    spec.save(tmp_path / "m")
+    sc = MonitorSpec.load(tmp_path / "m", "m").scorer("prompt", threshold=1.5)
+    assert sc.probe_weight == 0.8 and sc.probe == PROBE and sc.threshold == 1.5
+    with pytest.raises(ValueError, match="no threshold of its own"):
+        spec.scorer("prompt", 1.5, 0.3)
+
+
+def test_probe_columns_are_added_and_taken_out_per_gate():
+    enc = _encoder()
+    e1, p1 = add_probe_column(enc, np.ones(D))
+    e2, p2 = add_probe_column(e1, np.arange(D, dtype=np.float32))
+    assert (p1, p2) == (probe_id(0), probe_id(1)) and e2.columns == [3, 7, 11, -1, -2]
+    prompt_head = Head([p2], [1.0], None, 0.3, None, "residual_probe")
+    prompt = GateSpec(Head([7], [1.0]), FINAL, 2.5, benign_scores=[2.0, 2.4], own_budget_scores={"g/x": [1.0]},
+                      calibration={"calib": {"a": 1}, "probe": {"readout_threshold": 1.25,
+                                                                "readout_benign_scores": [0.5, 1.0],
+                                                                "readout_own_budget_scores": {"g/x": [0.2]}}},
+                      probe=prompt_head, probe_weight=0.5)
+    resp = GateSpec(Head([3], [1.0]), Pooling(4, 2), 0.7, probe=Head([p1], [1.0], None, -1.0), probe_threshold=0.1)
+    spec = MonitorSpec(e2, {"prompt": prompt, "response": resp}, "m")
+    x = torch.randn(5, D)
+    # taking the prompt probe out keeps the response probe's column and gives the read-out its calibration back
+    a = without_probe(spec, "prompt")
+    assert a.encoder.columns == [3, 7, 11, -1] and a.gates["response"] == resp
+    pa = a.gates["prompt"]
+    assert pa.probe is None and pa.probe_weight is None and pa.threshold == 1.25
+    assert pa.benign_scores == [0.5, 1.0] and pa.own_budget_scores == {"g/x": [0.2]} and "probe" not in pa.calibration
+    torch.testing.assert_close(a.encoder.encode(x), e2.encode(x)[:, :4])
+    # and the other way round
+    b = without_probe(spec, "response")
+    assert b.encoder.columns == [3, 7, 11, -2] and b.gates["prompt"] == prompt
+    torch.testing.assert_close(b.encoder.encode(x)[:, 3], e2.encode(x)[:, 4])
+    assert without_probe(b, "response") is b
+    # a fresh column takes the first free id
+    assert add_probe_column(b.encoder, np.ones(D))[1] == probe_id(0)
+
+
+def _samples(n: int, rng: np.random.Generator, tag: str) -> tuple[list[Sample], dict[str, tuple[torch.Tensor, tuple[int, int]]]]:
+    """Prompts whose label shows in a residual direction the read-out's latents hardly see, and their rows."""
+    out, rows = [], {}
+    direction = np.zeros(D)
+    direction[5] = 1.0
+    for i in range(n):
+        y = int(i % 3 == 0)
+        s = Sample(user(f"{tag} request {i}"), None, y, None, "templates/pair" if y else "templates/everyday",
+                   f"{tag}-{i}")
+        T = int(rng.integers(6, 14))
+        r = rng.normal(0.0, 1.0, size=(T, D)) + (2.5 * y - 0.5) * direction
+        rows[s.group] = (torch.tensor(r, dtype=torch.float32), (2, T))
+        out.append(s)
+    return out, rows
+
+
+def test_fit_adds_a_probe_that_holds_the_budget_and_scores_as_served():
+    rng = np.random.default_rng(1)
+    sel, r1 = _samples(240, rng, "sel")
+    cal, r2 = _samples(240, rng, "cal")
+    table = {**r1, **r2}
+
+    def rows(ss):
+        return [table[s.group] for s in ss]
+
+    enc, _ = add_probe_column(_encoder(), np.ones(D))           # the response gate's probe, already there
+    prompt = GateSpec(Head([3, 7], [0.6, 0.4], bias=-0.5), FINAL, 0.9, benign_scores=[0.1, 0.5, 0.8])
+    resp = GateSpec(Head([3], [1.0]), Pooling(4, 2), 0.7, probe=Head([-1], [1.0], None, -1.0), probe_threshold=0.1)
+    spec = MonitorSpec(enc, {"prompt": prompt, "response": resp}, "m")
+    new, rec = fit_prompt_probe(spec, rows, sel, cal, budget=0.05)
+    g = new.gates["prompt"]
+    assert g.probe is not None and g.probe_weight is not None and g.probe_weight > 0
+    assert new.encoder.columns == [3, 7, 11, -1, -2] and new.gates["response"] == resp
+    assert rec["readout_threshold"] == 0.9
+    # the probe sees what the read-out does not, and the sum's threshold holds the budget on benign traffic
+    assert rec["calibration"]["with_probe"]["balanced_accuracy"] > rec["calibration"]["readout_only"]["balanced_accuracy"] + 0.1
+    assert rec["calibration"]["with_probe"]["flagged_benign_traffic"] <= 0.05
+    assert len(g.benign_scores) == sum(1 for s in cal if s.label == 0)
+    # the served score of a calibration prompt is the sum the fit thresholded
+    sc = new.scorer("prompt")
+    scores = []
+    for s in cal:
+        resid, span = table[s.group]
+        seq = score_sequence(sc, new.encoder.encode(resid).numpy(), resid.norm(dim=-1).numpy(), span)
+        scores.append(seq.score)
+    benign = sorted(x for x, s in zip(scores, cal, strict=True) if s.label == 0)
+    np.testing.assert_allclose(benign, g.benign_scores, rtol=1e-5, atol=1e-5)
+    # refitting replaces the prompt probe's column rather than adding another
+    again, _ = fit_prompt_probe(new, rows, sel, cal, budget=0.05)
+    assert again.encoder.columns == [3, 7, 11, -1, -2] and again.gates["prompt"].threshold == pytest.approx(g.threshold)
+    with pytest.raises(ValueError, match="prompt samples only"):
+        fit_prompt_probe(spec, rows, sel + [Sample(user("q"), "a", 0, None, "generator/benign/x", "z")], cal, 0.05)
