@@ -128,7 +128,7 @@ def _eval(args: argparse.Namespace) -> int:
 
         lad = run_ladder_eval(args.artifacts, args.out, work_dir=args.work_dir, base_model=args.base_model,
                               layers=args.layers, posthoc=not args.no_posthoc, drift_annotation=args.drift_annotation,
-                              loso=not args.no_loso)
+                              loso=not args.no_loso, loso_families=args.loso_families)
         report["ladder"] = lad
     for ext in EVAL_EXTENSIONS:
         report.update(ext(args, report))
@@ -203,6 +203,9 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     e.add_argument("--work-dir", default=None, help="the build's work folder holding the residual cache")
     e.add_argument("--layers", type=int, nargs="*", default=None, help="candidate layers for the ladder (default all)")
     e.add_argument("--no-loso", action="store_true", help="leave leave-one-source-out out of the ladder")
+    e.add_argument("--loso-families", nargs="*", default=None, metavar="FAMILY",
+                   help="leave out only these source families (templates/pair, pyrit/scorer_evals, …; default every "
+                        "family with enough select samples)")
     e.add_argument("--drift-annotation", default=None,
                    help="hand annotation of the test split's drift streams (guard/eval_report/"
                         "drift-test-unsafe-parts-annotated.json): report them apart by whether their unsafe part is "

@@ -16,6 +16,7 @@ import json
 import logging
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,76 @@ def open_finished_build(out_dir: str | Path, base_model: str | Path | None, pres
         if data_hash(ds.splits[split]) != prov["data"]["splits"][split]["sha256"]:
             raise ValueError(f"{out / 'data.jsonl.gz'}'s {split} split is not the one the build was fitted on")
     return FinishedBuild(out, prov, man, cfg, new_cfg, changed, base_model, ds)
+
+
+@dataclass(frozen=True)
+class PartRefit:
+    """One part of every monitor of a finished build, refitted alone, and where its records go: the monitor's
+    report (``report[gate][part]``), the provenance list ``<name>_refits`` and the build record key
+    ``<name>-refit:``."""
+
+    gate: str
+    part: str
+    name: str
+    message: str                     # the commit message
+    minutes: float = 5.0             # the progress estimate per monitor
+
+
+# one monitor's refit: (monitor name, its network, tokenizer, its spec, a progress callback taking the share
+# done) -> (new spec, the part's record)
+PartFit = Callable[[str, Any, Any, MonitorSpec, Callable[[float], None]], tuple[MonitorSpec, dict[str, Any]]]
+
+
+def refit_each_monitor(fb: FinishedBuild, refit: PartRefit, fit: PartFit, record: dict[str, Any],
+                       summary: Callable[[dict[str, Any], float], dict[str, Any]],
+                       commit_stages: bool = False) -> dict[str, Any]:
+    """Run ``fit`` on every monitor of ``fb`` with its network loaded (base, or base + LoRA) in the build's
+    dtype, save what it returns, and record it: the monitor's build record (a new key, so that a later full
+    build refits everything), the provenance (``record`` with ``summary(part record, seconds)`` per monitor)
+    and, with ``commit_stages``, a commit. Returns the provenance."""
+    import torch
+
+    from guard.hardware import build_dtype
+    from guard.runner import load_guard_model
+
+    out, prov, cfg = fb.out, fb.prov, fb.cfg
+    prov_f = out / "provenance.json"
+    dtype = build_dtype(str(fb.manifest["dtype"]))
+    torch.set_num_threads(cfg.threads)
+    names = [str(m) for m in fb.manifest["monitors"]]
+    prog = Progress({f"{refit.name}_{n}": refit.minutes for n in names})
+    t_all = time.time()
+    record = {**record, "dtype": dtype, "monitors": {}}
+    for name in names:
+        stage = f"{refit.name}_{name}"
+        prog.start(stage)
+        t0 = time.time()
+        model, tok = load_guard_model(fb.base_model, out / "lora" if name == "lora" else None, dtype=dtype)
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        def progress(share: float, stage: str = stage) -> None:
+            prog.update(stage, share)
+
+        new, part = fit(name, model, tok, MonitorSpec.load(out / "monitors" / name, name), progress)
+        del model
+        new.save(out / "monitors" / name)
+        rec_f = out / "monitors" / name / "build.json"
+        rec = json.loads(rec_f.read_text()) if rec_f.is_file() else {"report": {}}
+        rec["report"].setdefault(refit.gate, {})[refit.part] = part
+        seconds = time.time() - t0
+        rec = {"key": refit.name.replace("_", "-") + "-refit:" + _hash([rec.get("key"), fb.new_cfg]),
+               "report": rec["report"], f"{refit.name}_refit": {"previous_key": rec.get("key"), "seconds": seconds}}
+        rec_f.write_text(json.dumps(rec, default=str))
+        prov.setdefault("monitors", {}).setdefault(name, {}).setdefault(refit.gate, {})[refit.part] = part
+        record["monitors"][name] = summary(part, seconds)
+        prog.finish(stage)
+    record.update(seconds=time.time() - t_all, machine=platform.platform(),
+                  created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    prov["config"] = fb.new_cfg
+    prov.setdefault(f"{refit.name}_refits", []).append(record)
+    prov_f.write_text(json.dumps(prov, indent=1, default=str))
+    _commit([out / "monitors", prov_f], refit.message, commit_stages)
+    return prov
 
 
 def refit_prompt_gate(out_dir: str | Path, base_model: str | Path | None = None, preset: str = "cpu",

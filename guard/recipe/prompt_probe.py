@@ -18,9 +18,7 @@ read-out's plus the weighted probe's. A refusal still names the read-out's laten
 
 from __future__ import annotations
 
-import json
 import logging
-import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -32,15 +30,8 @@ import numpy as np
 from guard.bundle import MonitorSpec
 from guard.monitor import Head, causal_norm_mask, score_sequence
 from guard.recipe import calibration as C
-from guard.recipe.pipeline import (
-    Progress,
-    _commit,
-    _hash,
-    budget_threshold,
-    generated_prompt_samples,
-    is_benign_traffic,
-)
-from guard.recipe.prompt_gate import open_finished_build
+from guard.recipe.pipeline import budget_threshold, generated_prompt_samples, is_benign_traffic
+from guard.recipe.prompt_gate import PartRefit, open_finished_build, refit_each_monitor
 from guard.recipe.residual_probe import add_probe_column, without_probe
 from guard.recipe.sources import Sample
 
@@ -155,52 +146,19 @@ def refit_prompt_probe(out_dir: str | Path, base_model: str | Path | None = None
                        work_dir: str | Path | None = None, overrides: dict[str, Any] | None = None,
                        commit_stages: bool = False) -> dict[str, Any]:
     """Fit every monitor's prompt residual probe in ``out_dir`` (a finished build); returns the provenance.
-    Only the prompts go through each network (a few minutes on two cores)."""
-    import torch
-
-    from guard.hardware import build_dtype
-    from guard.runner import load_guard_model
-
+    Only the prompts go through each network, a few minutes on two cores, so no cache is kept (``work_dir`` is
+    accepted like the other refits')."""
     fb = open_finished_build(out_dir, base_model, preset, overrides, PROMPT_PROBE_FIELDS, "prompt residual probe")
-    out, prov, man, cfg, new_cfg, base_model, ds = (fb.out, fb.prov, fb.manifest, fb.cfg, fb.new_cfg, fb.base_model,
-                                                    fb.dataset)
+    cfg, layer = fb.cfg, int(fb.manifest["layer"])
     if not cfg.prompt_probe:
         raise ValueError("prompt_probe is off: there is no prompt residual probe to fit")
-    prov_f = out / "provenance.json"
-    dtype, layer = build_dtype(str(man["dtype"])), int(man["layer"])
-    torch.set_num_threads(cfg.threads)
-    sel, cal = prompt_samples(ds.splits, cfg)
-    names = [str(m) for m in man["monitors"]]
-    prog = Progress({f"prompt_probe_{n}": 3.0 for n in names})
-    t_all = time.time()
-    record: dict[str, Any] = {"layer": layer, "dtype": dtype, "prompts": {"select": len(sel), "calib": len(cal)},
-                              "monitors": {}}
-    for name in names:
-        stage = f"prompt_probe_{name}"
-        prog.start(stage)
-        t0 = time.time()
-        adapter = out / "lora" if name == "lora" else None
-        model, tok = load_guard_model(base_model, adapter, dtype=dtype)
-        if tok.pad_token is None:
-            tok.pad_token = tok.eos_token
-        spec = MonitorSpec.load(out / "monitors" / name, name)
-        new, prec = fit_prompt_probe(spec, model_rows(model, tok, layer, cfg.max_tokens), sel, cal, cfg.budget_prompt)
-        del model
-        new.save(out / "monitors" / name)
-        rec_f = out / "monitors" / name / "build.json"
-        rec = json.loads(rec_f.read_text()) if rec_f.is_file() else {"report": {}}
-        rec["report"].setdefault("prompt", {})["probe"] = prec
-        seconds = time.time() - t0
-        rec = {"key": "prompt-probe-refit:" + _hash([rec.get("key"), new_cfg]), "report": rec["report"],
-               "prompt_probe_refit": {"previous_key": rec.get("key"), "seconds": seconds}}
-        rec_f.write_text(json.dumps(rec, default=str))
-        prov.setdefault("monitors", {}).setdefault(name, {}).setdefault("prompt", {})["probe"] = prec
-        record["monitors"][name] = {**prec, "fit_seconds": prec["seconds"], "seconds": seconds}
-        prog.finish(stage)
-    record.update(seconds=time.time() - t_all, machine=platform.platform(),
-                  created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    prov["config"] = new_cfg
-    prov.setdefault("prompt_probe_refits", []).append(record)
-    prov_f.write_text(json.dumps(prov, indent=1, default=str))
-    _commit([out / "monitors", prov_f], "guard build: prompt residual probe fitted", commit_stages)
-    return prov
+    sel, cal = prompt_samples(fb.dataset.splits, cfg)
+
+    def fit(name: str, model: Any, tok: Any, spec: MonitorSpec, progress: Callable[[float], None]
+            ) -> tuple[MonitorSpec, dict[str, Any]]:
+        return fit_prompt_probe(spec, model_rows(model, tok, layer, cfg.max_tokens), sel, cal, cfg.budget_prompt)
+
+    record: dict[str, Any] = {"layer": layer, "prompts": {"select": len(sel), "calib": len(cal)}}
+    return refit_each_monitor(
+        fb, PartRefit("prompt", "probe", "prompt_probe", "guard build: prompt residual probe fitted", 3.0), fit,
+        record, lambda prec, seconds: {**prec, "fit_seconds": prec["seconds"], "seconds": seconds}, commit_stages)

@@ -17,11 +17,9 @@ makes names no latent; the category read-outs still name the harm.
 
 from __future__ import annotations
 
-import json
 import logging
-import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,8 +29,8 @@ import numpy as np
 from guard.bundle import MonitorSpec
 from guard.monitor import Head, score_sequence
 from guard.recipe import calibration as C
-from guard.recipe.pipeline import Progress, _commit, _hash, default_work_dir, is_benign_traffic, monitored_id
-from guard.recipe.prompt_gate import open_finished_build
+from guard.recipe.pipeline import default_work_dir, is_benign_traffic, monitored_id
+from guard.recipe.prompt_gate import PartRefit, open_finished_build, refit_each_monitor
 from guard.recipe.response_context import answer_kind, cache_rows
 from guard.recipe.sources import Sample
 from guard.sae import probe_id
@@ -147,60 +145,29 @@ def refit_response_probe(out_dir: str | Path, base_model: str | Path | None = No
                          commit_stages: bool = False) -> dict[str, Any]:
     """Fit every monitor's response residual probe in ``out_dir`` (a finished build); returns the provenance.
     Only the select and calibration answers go through each network (resumable, in the residual cache format)."""
-    import torch
-
     from guard.hardware import build_dtype
     from guard.recipe.cache import build_cache
-    from guard.runner import load_guard_model
 
     fb = open_finished_build(out_dir, base_model, preset, overrides, PROBE_FIELDS, "response residual probe")
-    out, prov, man, cfg, new_cfg, base_model, ds = (fb.out, fb.prov, fb.manifest, fb.cfg, fb.new_cfg, fb.base_model,
-                                                    fb.dataset)
+    cfg, layer, dtype = fb.cfg, int(fb.manifest["layer"]), build_dtype(str(fb.manifest["dtype"]))
     if not cfg.response_probe:
         raise ValueError("response_probe is off: there is no residual probe to fit")
-    prov_f = out / "provenance.json"
-    dtype, layer = build_dtype(str(man["dtype"])), int(man["layer"])
     work = Path(work_dir) if work_dir is not None else default_work_dir(preset)
     work.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(cfg.threads)
-    answers = [s for s in ds.splits["select"] if s.gate == "response"]
+    answers = [s for s in fb.dataset.splits["select"] if s.gate == "response"]
     n_sel = len(answers)
-    answers += [s for s in ds.splits["calib"] if s.gate == "response"]
+    answers += [s for s in fb.dataset.splits["calib"] if s.gate == "response"]
     sel_idx, cal_idx = list(range(n_sel)), list(range(n_sel, len(answers)))
-    names = [str(m) for m in man["monitors"]]
-    prog = Progress({f"probe_{n}": 5.0 for n in names})
-    t_all = time.time()
-    record: dict[str, Any] = {"layer": layer, "dtype": dtype, "answers": {"select": n_sel, "calib": len(cal_idx)},
-                              "monitors": {}}
-    for name in names:
-        stage = f"probe_{name}"
-        prog.start(stage)
-        t0 = time.time()
-        adapter = out / "lora" if name == "lora" else None
-        model, tok = load_guard_model(base_model, adapter, dtype=dtype)
-        if tok.pad_token is None:
-            tok.pad_token = tok.eos_token
+
+    def fit(name: str, model: Any, tok: Any, spec: MonitorSpec, progress: Callable[[float], None]
+            ) -> tuple[MonitorSpec, dict[str, Any]]:
+        adapter = fb.out / "lora" if name == "lora" else None
         cache = build_cache(model, tok, answers, (layer,), work / "cache" / f"response-probe-{name}",
-                            model_id=monitored_id(str(prov.get("base_model")), adapter), max_tokens=cfg.max_tokens,
-                            dtype=dtype, progress=lambda d, n, st=stage: prog.update(st, 0.8 * d / n))
-        del model
-        spec = MonitorSpec.load(out / "monitors" / name, name)
-        new, prec = fit_residual_probe(spec, cache, layer, tok, answers, sel_idx, cal_idx, cfg.budget_response)
-        new.save(out / "monitors" / name)
-        rec_f = out / "monitors" / name / "build.json"
-        rec = json.loads(rec_f.read_text()) if rec_f.is_file() else {"report": {}}
-        rec["report"].setdefault("response", {})["probe"] = prec
-        seconds = time.time() - t0
-        rec = {"key": "probe-refit:" + _hash([rec.get("key"), new_cfg]), "report": rec["report"],
-               "probe_refit": {"previous_key": rec.get("key"), "seconds": seconds}}
-        rec_f.write_text(json.dumps(rec, default=str))
-        prov.setdefault("monitors", {}).setdefault(name, {}).setdefault("response", {})["probe"] = prec
-        record["monitors"][name] = {**prec, "fit_seconds": prec["seconds"], "seconds": seconds}
-        prog.finish(stage)
-    record.update(seconds=time.time() - t_all, machine=platform.platform(),
-                  created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    prov["config"] = new_cfg
-    prov.setdefault("probe_refits", []).append(record)
-    prov_f.write_text(json.dumps(prov, indent=1, default=str))
-    _commit([out / "monitors", prov_f], "guard build: response residual probe fitted", commit_stages)
-    return prov
+                            model_id=monitored_id(str(fb.prov.get("base_model")), adapter), max_tokens=cfg.max_tokens,
+                            dtype=dtype, progress=lambda d, n: progress(0.8 * d / n))
+        return fit_residual_probe(spec, cache, layer, tok, answers, sel_idx, cal_idx, cfg.budget_response)
+
+    record: dict[str, Any] = {"layer": layer, "answers": {"select": n_sel, "calib": len(cal_idx)}}
+    return refit_each_monitor(
+        fb, PartRefit("response", "probe", "probe", "guard build: response residual probe fitted"), fit, record,
+        lambda prec, seconds: {**prec, "fit_seconds": prec["seconds"], "seconds": seconds}, commit_stages)
