@@ -97,12 +97,13 @@ def fit_prompt_probe(spec: MonitorSpec, rows: Rows, sel: Sequence[Sample], cal: 
     sd_p = float(pr_cal[bt_all].std())
     weight = float(ro_cal[bt_all].std()) / sd_p if sd_p > 0 else 0.0
     combined = ro_cal + weight * pr_cal
-    thr, bt, st, own = budget_threshold(combined, list(cal), budget)
+    thr, bt, _, own = budget_threshold(combined, list(cal), budget)
+    _, _, _, own_ro = budget_threshold(ro_cal, list(cal), budget)
     encoder, pid = add_probe_column(spec.encoder, np.asarray(probe.w, dtype=np.float32))
     head = Head([pid], [1.0], None, float(probe.b), None, "residual_probe",
                 {"fit": "class-balanced L2 logistic on the mean residual", "C": probe.C})
 
-    def numbers(score: np.ndarray, t: float) -> dict[str, Any]:
+    def numbers(score: np.ndarray, t: float, own: dict[str, list[float]]) -> dict[str, Any]:
         f = score > t
         p, r, f1 = C.prf(f, y_cal.astype(bool))
         out = {"f1": f1, "precision": p, "recall": r,
@@ -119,7 +120,7 @@ def fit_prompt_probe(spec: MonitorSpec, rows: Rows, sel: Sequence[Sample], cal: 
         "readout_threshold": g.threshold, "readout_benign_scores": list(g.benign_scores),
         "readout_own_budget_scores": dict(g.own_budget_scores),
         "probe_average_precision": C.average_precision(pr_cal, y_cal),
-        "calibration": {"readout_only": numbers(ro_cal, g.threshold), "with_probe": numbers(combined, thr)},
+        "calibration": {"readout_only": numbers(ro_cal, g.threshold, own_ro), "with_probe": numbers(combined, thr, own)},
         "n_select": len(sel), "n_calib": len(cal), "seconds": time.time() - t0}
     gate = replace(g, threshold=float(thr), probe=head, probe_threshold=None, probe_weight=weight,
                    benign_scores=sorted(float(x) for x in combined[bt]), own_budget_scores=own,

@@ -97,6 +97,12 @@ def test_monitor_is_sparse_and_calibrated_under_the_budget(name: str) -> None:
             assert rec["threshold"] == pytest.approx(g.threshold)
             assert rec["calibration"]["with_probe"]["balanced_accuracy"] > rec["calibration"]["readout_only"]["balanced_accuracy"]
             assert rec["calibration"]["with_probe"]["flagged_benign_traffic"] <= budget
+            # each generated kind's share is recorded against its own part's scores and threshold
+            for part, own, thr in (("readout_only", rec["readout_own_budget_scores"], rec["readout_threshold"]),
+                                   ("with_probe", g.own_budget_scores, g.threshold)):
+                for src, scores in own.items():
+                    assert rec["calibration"][part][src.rsplit("/", 1)[-1] + "_flagged"] == pytest.approx(
+                        float(np.mean(np.asarray(scores) > thr))), (part, src)
         elif g.probe is not None:
             # the residual probe: at the budget on its own benign scores, served as the encoder's probe column,
             # and the two triggers together within twice the budget on the calibration split
