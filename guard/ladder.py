@@ -289,15 +289,14 @@ def run_ladder(inp: LadderInputs, layers: Sequence[int]) -> dict[str, Any]:
                     q.streamed_sparse(td_ex, pooling) if td_ex is not None else None, "sae_all_streamed", lrep, ex_key)
             lrep["sae_all_pooled"]["C"] = q.C
             # 5-6: the sparse read-out and the paper's rule
-            numbers(head_sample_scores(td["calib"], head, pooling), head_sample_scores(td["test"], head, pooling),
-                    head_sample_scores(td_ex, head, pooling) if td_ex is not None else None, "sparse_readout", lrep, ex_key)
+            ro = (head_sample_scores(td["calib"], head, pooling), head_sample_scores(td["test"], head, pooling),
+                  head_sample_scores(td_ex, head, pooling) if td_ex is not None else None)
+            numbers(*ro, "sparse_readout", lrep, ex_key)
             lrep["sparse_readout"].update({"n_latents": len(head.ids), "window": pooling.window,
                                            "shipped": layer == inp.shipped_layer})
             if gate == "prompt":
                 # the prompt gate as served: the read-out's score plus the weighted dense probe's (here fitted
                 # on the dataset's prompts alone, without the build's generated ones)
-                ro = (head_sample_scores(td["calib"], head, pooling), head_sample_scores(td["test"], head, pooling),
-                      head_sample_scores(td_ex, head, pooling) if td_ex is not None else None)
                 lam = added_weight(ro[0][bt_cal], dense[0][bt_cal])
                 numbers(ro[0] + lam * dense[0], ro[1] + lam * dense[1],
                         ro[2] + lam * dense[2] if ro[2] is not None and dense[2] is not None else None,
@@ -405,8 +404,8 @@ def loso(inp: LadderInputs, layer: int, min_select: int = 20, families: Sequence
                 thr = C.threshold_at_budget(sc_cal[bt_cal], inp.budgets[gate])
                 return {"recall": flagged(sc_tgt, thr), "benign_traffic_flagged": flagged(sc_ben, thr)}
 
-            r["sparse_readout"] = at_budget(head_sample_scores(td_cal, head, pooling), head_sample_scores(td_tgt, head, pooling),
-                                            head_sample_scores(td_ben, head, pooling))
+            ro_c, ro_g, ro_b = (head_sample_scores(td, head, pooling) for td in (td_cal, td_tgt, td_ben))
+            r["sparse_readout"] = at_budget(ro_c, ro_g, ro_b)
             if probes:
                 y_sel = np.array([s.label for s in s_sel])
                 y_cal = np.array([s.label for s in s_cal])
@@ -415,13 +414,12 @@ def loso(inp: LadderInputs, layer: int, min_select: int = 20, families: Sequence
                 Xg, _ = residual_features(inp.cache, layer, target)
                 Xb, _ = residual_features(inp.cache, layer, bench)
                 p = fit_probe(Xs, y_sel, Xc, y_cal)
-                r["dense_pooled"] = at_budget(p.pooled(Xc), p.pooled(Xg), p.pooled(Xb))
+                pc, pg, pb = p.pooled(Xc), p.pooled(Xg), p.pooled(Xb)
+                r["dense_pooled"] = at_budget(pc, pg, pb)
                 if gate == "prompt":
                     # the prompt gate's sum, both parts fitted without the family
-                    ro_c, ro_g, ro_b = (head_sample_scores(td, head, pooling) for td in (td_cal, td_tgt, td_ben))
-                    lam = added_weight(ro_c[bt_cal], p.pooled(Xc)[bt_cal])
-                    r["readout_plus_dense"] = at_budget(ro_c + lam * p.pooled(Xc), ro_g + lam * p.pooled(Xg),
-                                                        ro_b + lam * p.pooled(Xb))
+                    lam = added_weight(ro_c[bt_cal], pc[bt_cal])
+                    r["readout_plus_dense"] = at_budget(ro_c + lam * pc, ro_g + lam * pg, ro_b + lam * pb)
                 q = fit_probe(sae_pooled(td_sel), y_sel, sae_pooled(td_cal), y_cal)
                 r["sae_all_pooled"] = at_budget(q.pooled(sae_pooled(td_cal)), q.pooled(sae_pooled(td_tgt)),
                                                 q.pooled(sae_pooled(td_ben)))

@@ -60,10 +60,14 @@ class GuardText:
     context: tuple[int, int] | None = None
 
 
+def _line(role: str, content: str) -> str:
+    return f"{role_label(role)}: {content.strip()}"
+
+
 def conversation_text(conv: Conversation) -> str:
     if not conv:
         raise ValueError("a conversation needs at least one turn")
-    return "\n".join(f"{role_label(r)}: {c.strip()}" for r, c in conv)
+    return "\n".join(_line(r, c) for r, c in conv)
 
 
 def prompt_text(conv: Conversation) -> GuardText:
@@ -131,7 +135,7 @@ def context_chars(conv: Conversation) -> tuple[int, int]:
     for role, content in conv:
         if role not in SYSTEM_ROLES:
             return pos + len(role_label(role)) + 2, len(text)
-        pos += len(f"{role_label(role)}: {content.strip()}") + 1
+        pos += len(_line(role, content)) + 1
     return prompt_text(conv).char_start, len(text)
 
 

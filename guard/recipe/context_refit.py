@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from guard.bundle import MonitorSpec
-from guard.recipe.pipeline import default_work_dir, monitored_id
+from guard.recipe.pipeline import default_work_dir
 from guard.recipe.prompt_gate import PartRefit, open_finished_build, refit_each_monitor
 from guard.recipe.response_context import cache_rows, context_scores, fit_context_term, with_response_gate
 
@@ -28,12 +28,8 @@ def refit_response_context(out_dir: str | Path, base_model: str | Path | None = 
                            work_dir: str | Path | None = None, overrides: dict[str, Any] | None = None,
                            commit_stages: bool = False) -> dict[str, Any]:
     """Fit every monitor's response context term in ``out_dir`` (a finished build); returns the provenance."""
-    from guard.hardware import build_dtype
-    from guard.recipe.cache import build_cache
-
     fb = open_finished_build(out_dir, base_model, preset, overrides, CONTEXT_FIELDS, "response context term")
-    # the monitors' dtype where this CPU runs it natively, fp32 elsewhere (the cache keeps bf16 rows either way)
-    cfg, layer, dtype = fb.cfg, int(fb.manifest["layer"]), build_dtype(str(fb.manifest["dtype"]))
+    cfg, layer = fb.cfg, int(fb.manifest["layer"])
     if not cfg.response_context_grid:
         raise ValueError("response_context_grid is empty: there is no context term to fit")
     work = Path(work_dir) if work_dir is not None else default_work_dir(preset)
@@ -42,10 +38,7 @@ def refit_response_context(out_dir: str | Path, base_model: str | Path | None = 
 
     def fit(name: str, model: Any, tok: Any, spec: MonitorSpec, progress: Callable[[float], None]
             ) -> tuple[MonitorSpec, dict[str, Any]]:
-        adapter = fb.out / "lora" if name == "lora" else None
-        cache = build_cache(model, tok, cal, (layer,), work / "cache" / f"response-context-{name}",
-                            model_id=monitored_id(str(fb.prov.get("base_model")), adapter), max_tokens=cfg.max_tokens,
-                            dtype=dtype, progress=lambda d, n: progress(0.8 * d / n))
+        cache = fb.monitor_cache(name, model, tok, cal, work / "cache" / f"response-context-{name}", progress)
         ctx = context_scores(spec, cache_rows(cache, layer, spec, tok, cal, list(range(len(cal)))))
         gate, crec = fit_context_term(spec, cal, ctx, cfg.budget_response, cfg.response_context_grid)
         return with_response_gate(spec, gate), crec

@@ -62,6 +62,26 @@ class FinishedBuild:
     base_model: str | Path
     dataset: Any
 
+    @property
+    def dtype(self) -> str:
+        """The monitors' dtype where this CPU runs it natively, fp32 elsewhere."""
+        from guard.hardware import build_dtype
+
+        return build_dtype(str(self.manifest["dtype"]))
+
+    def monitor_cache(self, name: str, model: Any, tok: Any, samples: list[Any], folder: Path,
+                      progress: Callable[[float], None]) -> Any:
+        """The residual cache of ``samples`` at the build's layer through monitor ``name``'s network ``model``,
+        kept in ``folder`` so that an interrupted refit resumes (bf16 rows whatever the network's dtype); its
+        progress takes the first 80 % of the monitor's stage."""
+        from guard.recipe.cache import build_cache
+
+        adapter = self.out / "lora" if name == "lora" else None
+        return build_cache(model, tok, samples, (int(self.manifest["layer"]),), folder,
+                           model_id=monitored_id(str(self.prov.get("base_model")), adapter),
+                           max_tokens=self.cfg.max_tokens, dtype=self.dtype,
+                           progress=lambda d, n: progress(0.8 * d / n))
+
 
 def open_finished_build(out_dir: str | Path, base_model: str | Path | None, preset: str,
                         overrides: dict[str, Any] | None, allowed: frozenset[str], what: str) -> FinishedBuild:
@@ -125,12 +145,11 @@ def refit_each_monitor(fb: FinishedBuild, refit: PartRefit, fit: PartFit, record
     and, with ``commit_stages``, a commit. Returns the provenance."""
     import torch
 
-    from guard.hardware import build_dtype
     from guard.runner import load_guard_model
 
     out, prov, cfg = fb.out, fb.prov, fb.cfg
     prov_f = out / "provenance.json"
-    dtype = build_dtype(str(fb.manifest["dtype"]))
+    dtype = fb.dtype
     torch.set_num_threads(cfg.threads)
     names = [str(m) for m in fb.manifest["monitors"]]
     prog = Progress({f"{refit.name}_{n}": refit.minutes for n in names})

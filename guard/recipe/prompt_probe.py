@@ -75,7 +75,7 @@ def fit_prompt_probe(spec: MonitorSpec, rows: Rows, sel: Sequence[Sample], cal: 
                      ) -> tuple[MonitorSpec, dict[str, Any]]:
     """``spec`` with a residual probe added to its prompt gate's score, fitted on ``sel`` and calibrated at
     ``budget`` on ``cal`` (prompt samples, generated ones included); and the record of the fit."""
-    from guard.ladder import fit_probe
+    from guard.ladder import added_weight, fit_probe
 
     t0 = time.time()
     if any(s.gate != "prompt" for s in [*sel, *cal]):
@@ -94,8 +94,7 @@ def fit_prompt_probe(spec: MonitorSpec, rows: Rows, sel: Sequence[Sample], cal: 
     bt_all = np.array([is_benign_traffic(s) for s in cal], dtype=bool)
     if bt_all.sum() < 2:
         raise ValueError("calibrating the prompt probe needs benign traffic in the calibration prompts")
-    sd_p = float(pr_cal[bt_all].std())
-    weight = float(ro_cal[bt_all].std()) / sd_p if sd_p > 0 else 0.0
+    weight = added_weight(ro_cal[bt_all], pr_cal[bt_all])
     combined = ro_cal + weight * pr_cal
     thr, bt, _, own = budget_threshold(combined, list(cal), budget)
     _, _, _, own_ro = budget_threshold(ro_cal, list(cal), budget)

@@ -29,7 +29,7 @@ import numpy as np
 from guard.bundle import MonitorSpec
 from guard.monitor import Head, score_sequence
 from guard.recipe import calibration as C
-from guard.recipe.pipeline import default_work_dir, is_benign_traffic, monitored_id
+from guard.recipe.pipeline import default_work_dir, is_benign_traffic
 from guard.recipe.prompt_gate import PartRefit, open_finished_build, refit_each_monitor
 from guard.recipe.response_context import answer_kind, cache_rows
 from guard.recipe.sources import Sample
@@ -145,11 +145,8 @@ def refit_response_probe(out_dir: str | Path, base_model: str | Path | None = No
                          commit_stages: bool = False) -> dict[str, Any]:
     """Fit every monitor's response residual probe in ``out_dir`` (a finished build); returns the provenance.
     Only the select and calibration answers go through each network (resumable, in the residual cache format)."""
-    from guard.hardware import build_dtype
-    from guard.recipe.cache import build_cache
-
     fb = open_finished_build(out_dir, base_model, preset, overrides, PROBE_FIELDS, "response residual probe")
-    cfg, layer, dtype = fb.cfg, int(fb.manifest["layer"]), build_dtype(str(fb.manifest["dtype"]))
+    cfg, layer = fb.cfg, int(fb.manifest["layer"])
     if not cfg.response_probe:
         raise ValueError("response_probe is off: there is no residual probe to fit")
     work = Path(work_dir) if work_dir is not None else default_work_dir(preset)
@@ -161,10 +158,7 @@ def refit_response_probe(out_dir: str | Path, base_model: str | Path | None = No
 
     def fit(name: str, model: Any, tok: Any, spec: MonitorSpec, progress: Callable[[float], None]
             ) -> tuple[MonitorSpec, dict[str, Any]]:
-        adapter = fb.out / "lora" if name == "lora" else None
-        cache = build_cache(model, tok, answers, (layer,), work / "cache" / f"response-probe-{name}",
-                            model_id=monitored_id(str(fb.prov.get("base_model")), adapter), max_tokens=cfg.max_tokens,
-                            dtype=dtype, progress=lambda d, n: progress(0.8 * d / n))
+        cache = fb.monitor_cache(name, model, tok, answers, work / "cache" / f"response-probe-{name}", progress)
         return fit_residual_probe(spec, cache, layer, tok, answers, sel_idx, cal_idx, cfg.budget_response)
 
     record: dict[str, Any] = {"layer": layer, "answers": {"select": n_sel, "calib": len(cal_idx)}}

@@ -168,22 +168,30 @@ def test_committed_adapter_is_reused_under_other_training_settings(built, tmp_pa
     assert (art / "lora" / "adapter_model.safetensors").read_bytes() != adapter
 
 
+def _copied_build(built, tmp_path):
+    """A copy of the smoke build to refit in place: (the build's folder, the copy, each monitor's heads.json as
+    built, the SAE's weights as built)."""
+    import shutil
+
+    d, _ = built
+    art = tmp_path / "art"
+    shutil.copytree(d / "art", art)
+    heads = {n: json.loads((art / "monitors" / n / "heads.json").read_text()) for n in ("lora", "base")}
+    return d, art, heads, (art / "sae" / "sae_weights.safetensors").read_bytes()
+
+
 def test_prompt_gate_refit_keeps_everything_else(built, tmp_path):
     """Refitting the prompt gate alone (another count of generated direct requests) changes that gate of every
     monitor, holds the budget, and leaves the SAE, the layer and the response gate byte for byte as built;
     a setting that belongs to a kept part is refused."""
-    import shutil
     from dataclasses import replace
 
     from guard.bundle import MonitorSpec
     from guard.recipe.pipeline import SMOKE
     from guard.recipe.prompt_gate import refit_prompt_gate
 
-    d, prov = built
-    art = tmp_path / "art"
-    shutil.copytree(d / "art", art)
-    heads = {n: json.loads((art / "monitors" / n / "heads.json").read_text()) for n in ("lora", "base")}
-    sae = (art / "sae" / "sae_weights.safetensors").read_bytes()
+    _, prov = built
+    d, art, heads, sae = _copied_build(built, tmp_path)
     manifest = (art / "manifest.json").read_text()
     new = refit_prompt_gate(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
                             overrides={"threads": 1, "direct_positives": (24, 12)})
@@ -216,15 +224,10 @@ def test_prompt_gate_refit_keeps_everything_else(built, tmp_path):
 def test_response_context_refit_keeps_every_read_out(built, tmp_path):
     """Fitting the response context term alone changes only the response gate's term, threshold and benign
     scores; read-outs, prompt gate and SAE stay as built, and a setting of a kept part is refused."""
-    import shutil
 
     from guard.recipe.context_refit import refit_response_context
 
-    d, _ = built
-    art = tmp_path / "art"
-    shutil.copytree(d / "art", art)
-    heads = {n: json.loads((art / "monitors" / n / "heads.json").read_text()) for n in ("lora", "base")}
-    sae = (art / "sae" / "sae_weights.safetensors").read_bytes()
+    d, art, heads, sae = _copied_build(built, tmp_path)
     new = refit_response_context(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
                                  overrides={"threads": 1, "response_context_grid": ((0.0, 0.0), (0.5, 0.0), (0.0, 0.2))})
     rec = new["context_refits"][-1]
@@ -248,15 +251,11 @@ def test_response_context_refit_keeps_every_read_out(built, tmp_path):
 def test_response_probe_refit_keeps_every_read_out(built, tmp_path):
     """Fitting the residual probe alone changes only the response gate's probe, its threshold and the benign
     scores; read-outs, the context term, the prompt gate and the SAE stay as built."""
-    import shutil
 
     from guard.bundle import MonitorSpec
     from guard.recipe.residual_probe import refit_response_probe
 
-    d, _ = built
-    art = tmp_path / "art"
-    shutil.copytree(d / "art", art)
-    heads = {n: json.loads((art / "monitors" / n / "heads.json").read_text()) for n in ("lora", "base")}
+    d, art, heads, _ = _copied_build(built, tmp_path)
     new = refit_response_probe(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
                                overrides={"threads": 1})
     rec = new["probe_refits"][-1]
@@ -284,16 +283,11 @@ def test_response_probe_refit_keeps_every_read_out(built, tmp_path):
 def test_prompt_probe_refit_keeps_every_read_out(built, tmp_path):
     """Fitting the prompt gate's probe alone changes only that probe, the prompt threshold and the benign
     scores of the sum; the read-outs, the response gate and the SAE stay as built."""
-    import shutil
 
     from guard.bundle import MonitorSpec
     from guard.recipe.prompt_probe import refit_prompt_probe
 
-    d, _ = built
-    art = tmp_path / "art"
-    shutil.copytree(d / "art", art)
-    heads = {n: json.loads((art / "monitors" / n / "heads.json").read_text()) for n in ("lora", "base")}
-    sae = (art / "sae" / "sae_weights.safetensors").read_bytes()
+    d, art, heads, sae = _copied_build(built, tmp_path)
     new = refit_prompt_probe(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
                              overrides={"threads": 1})
     rec = new["prompt_probe_refits"][-1]
