@@ -51,10 +51,22 @@ def _build(args: argparse.Namespace) -> int:
     from guard.recipe.pipeline import PRESETS, build
 
     cfg = _apply(PRESETS[args.preset], _parse_overrides(args.set))
-    only = (args.prompt_gate_only, args.response_context_only, args.response_probe_only, args.prompt_probe_only)
+    only = (args.prompt_gate_only, args.response_context_only, args.response_probe_only, args.prompt_probe_only,
+            args.response_gate_only)
     if sum(only) > 1:
-        raise SystemExit("--prompt-gate-only, --prompt-probe-only, --response-context-only and --response-probe-only "
-                         "refit different parts: run them one after the other")
+        raise SystemExit("--prompt-gate-only, --prompt-probe-only, --response-gate-only, --response-context-only and "
+                         "--response-probe-only refit different parts: run them one after the other")
+    if args.dataset is not None and any(only) and not args.response_gate_only:
+        raise SystemExit("--dataset with a one-part refit is for --response-gate-only (new answers, the same requests); "
+                         "the other refits fit on the build's own dataset")
+    if args.response_gate_only:
+        from guard.recipe.response_gate import refit_response_gate
+
+        prov = refit_response_gate(args.out, base_model=args.base_model, preset=args.preset, work_dir=args.work_dir,
+                                   overrides={f.name: getattr(cfg, f.name) for f in fields(cfg)},
+                                   commit_stages=args.commit_stages, dataset=args.dataset)
+        sys.stdout.write(json.dumps(prov["response_gate_refits"][-1], default=str) + "\n")
+        return 0
     if any(only):
         # a refit of one part of a finished build, and the provenance list its record is appended to
         if args.prompt_probe_only:
@@ -85,9 +97,6 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _refresh(args: argparse.Namespace) -> int:
-    import gzip
-    import shutil
-    import tempfile
     from pathlib import Path
 
     from guard.recipe import data as DATA
@@ -99,14 +108,7 @@ def _refresh(args: argparse.Namespace) -> int:
     work = Path(args.work_dir) if args.work_dir else default_work_dir(args.preset)
     new = DATA.refresh_family(ds, args.family, cfg.data, work, model=args.base_model)
     out = Path(args.out or src)
-    with tempfile.TemporaryDirectory() as tmp:
-        info = DATA.save_dataset(new, Path(tmp) / "data.jsonl")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if out.suffix == ".gz":
-            with open(Path(tmp) / "data.jsonl", "rb") as f_in, gzip.open(out, "wb", compresslevel=9) as f_out:
-                shutil.copyfileobj(f_in, f_out)
-        else:
-            shutil.copyfile(Path(tmp) / "data.jsonl", out)
+    info = DATA.write_dataset(new, out)
     sys.stdout.write(json.dumps({"out": str(out), "splits": info}) + "\n")
     return 0
 
@@ -178,12 +180,17 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     b.add_argument("--response-context-only", action="store_true",
                    help="fit only the response gate's context term of the finished build in --out (forwards the "
                         "calibration answers alone; every read-out stays as built)")
+    b.add_argument("--response-gate-only", action="store_true",
+                   help="refit only the response gate of the finished build in --out (read-out, context term and "
+                        "residual probe; forwards the select and calibration answers alone), on --dataset when given: "
+                        "a dataset whose requests are the build's (e.g. after refresh-data drift)")
     b.add_argument("--response-probe-only", action="store_true",
                    help="fit only the response gate's residual probe of the finished build in --out (forwards the "
                         "select and calibration answers alone; every read-out and the context term stay as built)")
     b.set_defaults(func=_build)
-    r = gs.add_parser("refresh-data", help="regenerate one prompt family's rows of a dataset after its prompt list changed")
-    r.add_argument("family", help="the prompt family (sensitive)")
+    r = gs.add_parser("refresh-data", help="regenerate one prompt family's rows of a dataset after its prompt list changed, "
+                                           "or its drift streams after their rule changed")
+    r.add_argument("family", help="the prompt family (sensitive), or drift (the drift streams, from the dataset's answers)")
     r.add_argument("--dataset", default=str(DEFAULT_ARTIFACTS / "data.jsonl.gz"))
     r.add_argument("--out", default=None, help="where to write the new dataset (default: over --dataset)")
     r.add_argument("--base-model", default=None, help="HF folder (default: the embedded SmolLM2)")

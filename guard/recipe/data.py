@@ -9,7 +9,8 @@
   greedy and sampled: to benign prompts (safe), to harmful prompts after a refusal opener (safe), and to
   harmful prompts after a compliance opener (unsafe; the benign twin of a pair gets the same openers so an
   opener alone says nothing); PyRIT's human-labelled responses; and benign answers followed by an unsafe
-  continuation (unsafe at sample level; the onset is kept for timeliness metrics, never for fitting).
+  continuation (unsafe at sample level; the onset is kept for timeliness metrics, never for fitting): text
+  harmful in its own words, from an answer of the same split (:func:`drift_bodies`).
 * Training prompts that duplicate a reserved benchmark request are dropped (:func:`sources.decontaminate`).
 * Splits by ``group`` (a topic, a goal pair, a group of people, a source prompt): no group is in two splits.
 """
@@ -21,7 +22,7 @@ import json
 import logging
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from guard.text import Conversation
 log = logging.getLogger(__name__)
 
 SPLITS = ("select", "calib", "test")
+DRIFT_SOURCE = "constructed/drift"
 
 REFUSALS = (
     "I'm sorry, but I can't help with that.", "I can't assist with that request.",
@@ -268,23 +270,63 @@ def _cut_at_sentence(text: str, rng: random.Random) -> str:
     return text[: rng.choice(ends[: max(1, len(ends) * 2 // 3)])].rstrip()
 
 
-def drift_streams(benign: Sequence[Sample], unsafe: Sequence[Sample], n: int, seed: int) -> list[Sample]:
+# The served model's compliance whose opener names the harmful goal ("Here's a step-by-step guide to <goal>");
+# after a generic opener ("Sure, here is what you asked for") the harm of the answer lies in its request, and a
+# drift stream puts a benign request in its place, so such an answer is not unsafe text on its own.
+GOAL_NAMED_COMPLIANCE = ("generator/compliance/pair", "generator/compliance/multiturn")
+
+
+def drift_bodies(samples: Sequence[Sample]) -> list[Sample]:
+    """The unsafe answers a drift stream may continue with: text harmful in its own words, without its request.
+    That is the served model's compliance after a goal-naming opener, and the human-labelled unsafe answers
+    of other models; never the served model's compliance after a generic opener, nor another drift stream."""
+    return [s for s in samples
+            if s.gate == "response" and s.label == 1 and s.response and len(s.response) > 80
+            and (s.source in GOAL_NAMED_COMPLIANCE or not s.source.startswith(("generator/", "constructed/")))]
+
+
+def drift_streams(benign: Sequence[Sample], unsafe: Sequence[Sample], n: int, seed: int,
+                  split: Callable[[str], str] | None = None) -> list[Sample]:
     """Benign answers followed by an unsafe continuation (another sample's unsafe text); label unsafe,
-    ``onset`` = the character where the unsafe part starts. Each stream keeps its benign answer's group."""
+    ``onset`` = the character where the unsafe part starts. Each stream keeps its benign answer's group; with
+    ``split`` (group -> split name) its unsafe part comes from an answer of the same split, so a test stream
+    never continues with text the read-outs were fitted on."""
     rng = random.Random(seed)
     out: list[Sample] = []
     bodies = [u for u in unsafe if u.response and len(u.response) > 80]
-    if not bodies or not benign:
+    by_split: dict[str, list[Sample]] = {}
+    for u in bodies:
+        by_split.setdefault(split(u.group) if split else "", []).append(u)
+    heads = [b for b in benign if (split(b.group) if split else "") in by_split]
+    if not heads:
         return out
     for _ in range(n):
-        b = rng.choice(benign)
-        u = rng.choice(bodies)
+        b = rng.choice(heads)
+        u = rng.choice(by_split[split(b.group) if split else ""])
         assert b.response is not None and u.response is not None
         head = _cut_at_sentence(b.response.strip(), rng)
         body = u.response.strip()
         sep = "\n\n" if rng.random() < 0.5 else " "
-        out.append(Sample(b.conv, head + sep + body, 1, u.category, "constructed/drift", b.group, len(head) + len(sep)))
+        out.append(Sample(b.conv, head + sep + body, 1, u.category, DRIFT_SOURCE, b.group, len(head) + len(sep)))
     return out
+
+
+def _split_fn(cfg: DataConfig) -> Callable[[str], str]:
+    return lambda group: split_of(group, cfg.seed, cfg.splits)
+
+
+def rebuild_drift(ds: Dataset, cfg: DataConfig) -> Dataset:
+    """``ds`` with its drift streams made again by :func:`drift_streams`' current rule from the dataset's own
+    answers (as many streams as it had; no generation), every other row unchanged and in its split."""
+    old = ds.all()
+    kept = [s for s in old if s.source != DRIFT_SOURCE]
+    n = len(old) - len(kept)
+    benign = [s for s in kept if s.label == 0 and s.source.startswith("generator/benign")]
+    drift = drift_streams(benign, drift_bodies(kept), n, cfg.seed + 14, _split_fn(cfg))
+    log.info("drift streams rebuilt: %d (from %d unsafe answers harmful in their own words)", len(drift),
+             len(drift_bodies(kept)))
+    # every other row keeps its place, so each split's requests are the same list as before
+    return _assemble(kept + sorted(drift, key=lambda s: s.key()), cfg)
 
 
 def _assemble(samples: Sequence[Sample], cfg: DataConfig) -> Dataset:
@@ -308,8 +350,7 @@ def build_dataset(cfg: DataConfig, cache_dir: Path, model: str | None = None) ->
     responses = _response_samples(list(stage1.values()) + stage2) + _human_responses(cfg)
     prompts = _prompt_samples(cfg, stage2)
     benign_answers = [s for s in responses if s.label == 0 and s.source.startswith("generator/benign")]
-    unsafe_bodies = [s for s in responses if s.label == 1 and "drift" not in s.source]
-    responses += drift_streams(benign_answers, unsafe_bodies, cfg.n_drift, cfg.seed + 14)
+    responses += drift_streams(benign_answers, drift_bodies(responses), cfg.n_drift, cfg.seed + 14, _split_fn(cfg))
     return _assemble(sorted(prompts + responses, key=lambda s: s.key()), cfg)
 
 
@@ -325,22 +366,26 @@ def refresh_family(ds: Dataset, family: str, cfg: DataConfig, cache_dir: Path, m
     Each new prompt gets a prompt row (``templates/<family>``) and an answer by the served model
     (``generator/benign/<family>``), greedy or sampled in the build's proportions; the drift streams whose
     benign head came from the family are rebuilt on the new answers, as many as there were. Groups keep the
-    family's prefix, so the split of each new group follows the same hash rule as a full build."""
+    family's prefix, so the split of each new group follows the same hash rule as a full build.
+
+    ``family="drift"`` rebuilds every drift stream from the dataset's own answers (:func:`rebuild_drift`)."""
+    if family == "drift":
+        return rebuild_drift(ds, cfg)
     if family not in REFRESHABLE:
         import difflib
 
-        close = difflib.get_close_matches(family, REFRESHABLE, n=1)
+        close = difflib.get_close_matches(family, [*REFRESHABLE, "drift"], n=1)
         raise ValueError(f"unknown prompt family '{family}'" + (f"; did you mean '{close[0]}'?" if close else "")
-                         + f" (refreshable: {', '.join(sorted(REFRESHABLE))})")
+                         + f" (refreshable: {', '.join(sorted([*REFRESHABLE, 'drift']))})")
     prefix = f"{family}/"
     old = ds.all()
     drop = {f"templates/{family}", f"generator/benign/{family}"}
 
     def from_family(s: Sample) -> bool:
-        return s.source in drop or (s.source == "constructed/drift" and s.group.startswith(prefix))
+        return s.source in drop or (s.source == DRIFT_SOURCE and s.group.startswith(prefix))
 
     kept = [s for s in old if not from_family(s)]
-    n_drift = sum(1 for s in old if s.source == "constructed/drift" and s.group.startswith(prefix))
+    n_drift = sum(1 for s in old if s.source == DRIFT_SOURCE and s.group.startswith(prefix))
     prompts = _cap(REFRESHABLE[family](cfg.seed), cfg)
     rng = random.Random(f"{cfg.seed}|refresh|{family}")
     reqs = []
@@ -355,8 +400,7 @@ def refresh_family(ds: Dataset, family: str, cfg: DataConfig, cache_dir: Path, m
                    backend=cfg.backend)
     keys = {r.key() for r in reqs}
     answers = _response_samples([v for k, v in res.items() if k in keys])
-    unsafe_bodies = [s for s in kept if s.gate == "response" and s.label == 1 and s.source != "constructed/drift"]
-    drift = drift_streams(answers, unsafe_bodies, n_drift, cfg.seed + 14)
+    drift = drift_streams(answers, drift_bodies(kept), n_drift, cfg.seed + 14, _split_fn(cfg))
     new = _assemble(kept + sorted(rows + answers + drift, key=lambda s: s.key()), cfg)
     log.info("refreshed %s: %d prompt rows, %d answers, %d drift streams (dropped %d rows)", family, len(rows),
              len(answers), len(drift), len(old) - len(kept))
@@ -372,6 +416,29 @@ def save_dataset(ds: Dataset, path: Path) -> dict[str, Any]:
                 f.write(json.dumps({"split": k, **s.to_json()}) + "\n")
     return {k: {"n": len(v), "sha256": S.data_hash(v), "by_gate_label": dict(Counter(f"{s.gate}/{s.label}" for s in v))}
             for k, v in ds.splits.items()}
+
+
+def write_dataset(ds: Dataset, path: Path) -> dict[str, Any]:
+    """:func:`save_dataset` to ``path``, gzipped when it ends in ``.gz``; written whole before it replaces
+    ``path``, so an interrupted write leaves the old file."""
+    import gzip
+    import os
+    import shutil
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        plain = Path(tmp) / "data.jsonl"
+        info = save_dataset(ds, plain)
+        part = Path(tmp) / path.name
+        if path.suffix == ".gz":
+            with open(plain, "rb") as f_in, gzip.open(part, "wb", compresslevel=9) as f_out:
+                shutil.copyfileobj(f_in, f_out)
+        else:
+            shutil.copyfile(plain, part)
+        os.replace(part, path)
+    return info
 
 
 def load_dataset(path: Path) -> Dataset:

@@ -19,7 +19,7 @@ import logging
 import platform
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from guard.recipe.response_context import (
     cache_rows,
     context_scores,
     fit_context_term,
+    served_rank,
     with_response_gate,
 )
 from guard.recipe.sae import SAEConfig, sae_key_fields
@@ -331,11 +332,14 @@ def _rank(f: GateFit) -> tuple[float, float]:
 
 def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_cal: dict[str, TokenData],
                 cal: dict[str, list[Sample]], cfg: BuildConfig, grid: bool,
-                extra: ExtraPrompts | None = None, gates: Sequence[str] = GATES
+                extra: ExtraPrompts | None = None, gates: Sequence[str] = GATES,
+                response_rank: Callable[[dict[str, GateFit], GateFit], tuple[float, ...]] | None = None
                 ) -> tuple[dict[str, GateFit], dict[str, Any]]:
     """The ``gates`` (both by default); with ``grid`` the pooling/sparsity variants of each gate's grid are
     compared on the calibration split (recall at the budget, then average precision) and the best one kept per gate.
-    ``extra``: generated prompts added to the prompt gate's select and calibration samples."""
+    ``extra``: generated prompts added to the prompt gate's select and calibration samples.
+    ``response_rank``: how response variants rank instead (given the gates fitted so far and the variant; higher
+    is better), e.g. as served with a context term (:func:`guard.recipe.response_context.served_rank`)."""
     fits: dict[str, GateFit] = {}
     report: dict[str, Any] = {}
     if extra is not None:
@@ -362,6 +366,7 @@ def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_c
         tried = []
         best: GateFit | None = None
         best_hc = base
+        best_key: tuple[float, ...] = ()
         for hc in variants:
             f = fit_gate(gate, td_sel[gate], sel[gate], td_cal[gate], cal[gate], hc, budget, cfg, categories=False)
             tried.append({"window": hc.window, "min_count": hc.min_count, "l1": hc.l1, "max_latents": hc.max_latents,
@@ -370,8 +375,11 @@ def fit_monitor(td_sel: dict[str, TokenData], sel: dict[str, list[Sample]], td_c
                           "structured_flagged": f.calib.get("structured_flagged"), "edgy_flagged": f.calib.get("edgy_flagged"),
                           "per_family_rule": f.calib["per_family_rule"],
                           "average_precision": f.calib["average_precision"], "n_latents": len(f.spec.overall.ids)})
-            if best is None or _rank(f) > _rank(best):
-                best, best_hc = f, hc
+            key = response_rank(fits, f) if gate == "response" and response_rank is not None and grid else _rank(f)
+            if response_rank is not None and gate == "response" and grid:
+                tried[-1]["served_rank"] = list(key)
+            if best is None or key > best_key:
+                best, best_hc, best_key = f, hc, key
         assert best is not None
         if grid:
             # the category read-outs (which only name a cut) for the chosen variant alone
@@ -855,7 +863,13 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
         prog.start(stage)
         extra = generated_prompts(net, tok, sae, chosen, cfg, work / "encoded" / f"{name}-{sae_key}-L{chosen}") \
             if has_generated(cfg) else None
-        fits, rep = fit_monitor(tsel, by_sel, tcal, by_cal, cfg, grid=True, extra=extra)
+        rank = None
+        if cfg.response_context_grid:
+            # response variants rank as served: each with its own best context term on the calibration answers
+            def rank(fits_so_far: dict[str, GateFit], f: GateFit, net_cache: Any = net_cache) -> tuple[float, ...]:
+                return served_rank(fits_so_far["prompt"].spec, sae, net_cache, chosen, tok, every, gidx["calib"]["response"],
+                                   cfg.budget_response, cfg.response_context_grid)(f.spec)
+        fits, rep = fit_monitor(tsel, by_sel, tcal, by_cal, cfg, grid=True, extra=extra, response_rank=rank)
         spec = MonitorSpec.from_gates({g: fits[g].spec for g in GATES}, sae, name, {"monitored": name, "layer": chosen},
                                       {g: fits[f"reference/{g}"].spec for g in GATES})
         if cfg.response_context_grid:

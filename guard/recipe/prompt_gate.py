@@ -125,7 +125,7 @@ class PartRefit:
     ``<name>-refit:``."""
 
     gate: str
-    part: str
+    part: str                        # "" for the whole gate
     name: str
     message: str                     # the commit message
     minutes: float = 5.0             # the progress estimate per monitor
@@ -138,11 +138,13 @@ PartFit = Callable[[str, Any, Any, MonitorSpec, Callable[[float], None]], tuple[
 
 def refit_each_monitor(fb: FinishedBuild, refit: PartRefit, fit: PartFit, record: dict[str, Any],
                        summary: Callable[[dict[str, Any], float], dict[str, Any]],
-                       commit_stages: bool = False) -> dict[str, Any]:
+                       commit_stages: bool = False, dataset: DATA.Dataset | None = None) -> dict[str, Any]:
     """Run ``fit`` on every monitor of ``fb`` with its network loaded (base, or base + LoRA) in the build's
     dtype, save what it returns, and record it: the monitor's build record (a new key, so that a later full
     build refits everything), the provenance (``record`` with ``summary(part record, seconds)`` per monitor)
-    and, with ``commit_stages``, a commit. Returns the provenance."""
+    and, with ``commit_stages``, a commit. ``dataset``: the rows the parts were fitted on where they are not
+    the build's own (``fb.dataset``); it is written as the build's dataset once every monitor is saved.
+    Returns the provenance."""
     import torch
 
     from guard.runner import load_guard_model
@@ -170,20 +172,31 @@ def refit_each_monitor(fb: FinishedBuild, refit: PartRefit, fit: PartFit, record
         new.save(out / "monitors" / name)
         rec_f = out / "monitors" / name / "build.json"
         rec = json.loads(rec_f.read_text()) if rec_f.is_file() else {"report": {}}
-        rec["report"].setdefault(refit.gate, {})[refit.part] = part
+        if refit.part:
+            rec["report"].setdefault(refit.gate, {})[refit.part] = part
+        else:
+            rec["report"][refit.gate] = part
         seconds = time.time() - t0
         rec = {"key": refit.name.replace("_", "-") + "-refit:" + _hash([rec.get("key"), fb.new_cfg]),
                "report": rec["report"], f"{refit.name}_refit": {"previous_key": rec.get("key"), "seconds": seconds}}
         rec_f.write_text(json.dumps(rec, default=str))
-        prov.setdefault("monitors", {}).setdefault(name, {}).setdefault(refit.gate, {})[refit.part] = part
+        if refit.part:
+            prov.setdefault("monitors", {}).setdefault(name, {}).setdefault(refit.gate, {})[refit.part] = part
+        else:
+            prov.setdefault("monitors", {}).setdefault(name, {})[refit.gate] = part
         record["monitors"][name] = summary(part, seconds)
         prog.finish(stage)
     record.update(seconds=time.time() - t_all, machine=platform.platform(),
                   created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     prov["config"] = fb.new_cfg
+    paths = [out / "monitors", prov_f]
+    if dataset is not None:
+        info = DATA.write_dataset(dataset, out / "data.jsonl.gz")
+        prov["data"] = {"sources": dataset.sources, "splits": info}
+        paths.append(out / "data.jsonl.gz")
     prov.setdefault(f"{refit.name}_refits", []).append(record)
     prov_f.write_text(json.dumps(prov, indent=1, default=str))
-    _commit([out / "monitors", prov_f], refit.message, commit_stages)
+    _commit(paths, refit.message, commit_stages)
     return prov
 
 

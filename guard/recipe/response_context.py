@@ -19,7 +19,7 @@ as fitted on the select split.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -136,6 +136,23 @@ def with_response_gate(spec: MonitorSpec, gate: GateSpec) -> MonitorSpec:
         raise ValueError(f"the monitor's encoder lacks latents {missing[:8]} of the new response gate")
     return MonitorSpec(spec.encoder, {"prompt": spec.gates["prompt"], "response": gate}, spec.name, spec.info,
                        spec.reference)
+
+
+def served_rank(prompt: GateSpec, sae: Any, cache: Any, layer: int, tok: Any, samples: Sequence[Sample],
+                cal_idx: Sequence[int], budget: float, grid: Sequence[tuple[float, float]]
+                ) -> Callable[[GateSpec], tuple[float, float]]:
+    """How a response read-out variant ranks as it would be served: with the best context term of ``grid``
+    fitted for it on the calibration answers ``cal_idx`` (positions in ``samples`` and the cache), its F1 at
+    the budget's threshold, then its recall. A read-out ranked by its own recall at the budget can lose to
+    another once the request's risk scales both."""
+    cal = [samples[i] for i in cal_idx]
+
+    def rank(gate: GateSpec) -> tuple[float, float]:
+        spec = MonitorSpec.from_gates({"prompt": prompt, "response": gate}, sae, "variant")
+        _, rec = fit_context_term(spec, cal, context_scores(spec, cache_rows(cache, layer, spec, tok, samples, cal_idx)),
+                                  budget, grid)
+        return float(rec["chosen"]["f1"]), float(rec["chosen"]["recall"])
+    return rank
 
 
 def cache_rows(cache: Any, layer: int, spec: MonitorSpec, tok: Any, samples: Sequence[Sample], idx: Sequence[int]

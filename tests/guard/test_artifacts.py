@@ -137,8 +137,10 @@ def test_recorded_sae_quality() -> None:
 
 @pytest.mark.parametrize("autocast", [True, False])
 def test_committed_saes_are_reused_by_a_default_build_in_either_dtype(autocast: bool) -> None:
-    """A default build on the committed data and adapter finds the committed SAEs' keys, whether the machine
-    computes in bf16 or fp32: resuming a build elsewhere reuses them instead of retraining for an hour."""
+    """The committed SAEs' keys name the data and adapter they were trained on, whether the machine computes in
+    bf16 or fp32: a build on those rows reuses them instead of retraining for an hour. Where a response-gate
+    refit replaced the answers since (its record keeps the previous rows' hashes), the SAEs' keys name those
+    previous rows, and a default build on the current data trains new ones."""
     from dataclasses import replace
 
     from guard.recipe import data as DATA
@@ -146,13 +148,23 @@ def test_committed_saes_are_reused_by_a_default_build_in_either_dtype(autocast: 
     from guard.recipe.sources import data_hash
 
     cfg = BuildConfig()
+    prov = _prov()
     ds = DATA.load_dataset(ART / "data.jsonl.gz")
-    inputs = (monitored_id("embedded", ART / "lora"), data_hash(ds.splits["select"]), data_hash(ds.splits["calib"]),
-              cfg.max_tokens)
-    key = sae_inputs_key(replace(cfg.sae, autocast=autocast, threads=1), *inputs)
+    current = {k: data_hash(ds.splits[k]) for k in ("select", "calib")}
+    assert current == {k: prov["data"]["splits"][k]["sha256"] for k in current}
+    changes = [r["data"]["previous_splits"] for r in prov.get("response_gate_refits", []) if "data" in r]
+    trained_on = changes[0] if changes else current
+
+    def key(sae_cfg, rows):
+        return sae_inputs_key(sae_cfg, monitored_id("embedded", ART / "lora"), rows["select"], rows["calib"],
+                              cfg.max_tokens)
+
+    k = key(replace(cfg.sae, autocast=autocast, threads=1), trained_on)
     for layer in cfg.sae.layers:
-        assert json.loads((ART / "candidates" / f"sae-L{layer}" / "train.json").read_text())["key"] == key, layer
-    assert key != sae_inputs_key(replace(cfg.sae, k=cfg.sae.k + 1), *inputs)
+        assert json.loads((ART / "candidates" / f"sae-L{layer}" / "train.json").read_text())["key"] == k, layer
+    assert k != key(replace(cfg.sae, k=cfg.sae.k + 1), trained_on)
+    if changes:
+        assert key(cfg.sae, current) != key(cfg.sae, trained_on)
 
 
 def test_safeguard_was_trained_to_a_validation_stop() -> None:

@@ -51,41 +51,82 @@ def test_drift_origin_uses_the_stream_onset_not_a_prefix_match():
     assert drift_origin(shifted, bodies) == "unknown"
 
 
-def test_hand_annotation_splits_drift_streams_and_matches_the_committed_data(tmp_path):
+def test_hand_annotation_backs_the_drift_body_rule():
+    """The hand annotation of the previous drift streams (the served model's compliance as their unsafe part)
+    is what the body rule rests on: every annotated unsafe part the rule admits was judged harmful in its own
+    words, and every one judged harmless is refused. The answers those parts came from are still rows of the
+    committed data, found by the annotated start of their text."""
     import gzip
     import json
     from pathlib import Path
 
-    from guard.evaluate import eval_groups, read_drift_annotation, sample_hash
+    from guard.recipe.data import drift_bodies as rule_bodies
 
     root = Path(__file__).resolve().parents[2]
-    ann_path = root / "guard" / "eval_report" / "drift-test-unsafe-parts-annotated.json"
-    ann = read_drift_annotation(ann_path)
+    ann = json.loads((root / "guard" / "eval_report" / "drift-test-unsafe-parts-annotated.json").read_text())
     with gzip.open(root / "guard" / "artifacts" / "data.jsonl.gz", "rt") as f:
-        rows = [json.loads(line) for line in f]
-    samples = [Sample.from_json({k: v for k, v in r.items() if k != "split"}) for r in rows]
-    # every annotated stream is a test-split drift stream of the committed data, found by its hash
-    test_drift = {sample_hash(s): s for s, r in zip(samples, rows, strict=True)
-                  if r["split"] == "test" and s.source == "constructed/drift"}
-    assert set(ann) <= set(test_drift) and len(ann) == json.loads(ann_path.read_text())["n"]
-    bodies = drift_bodies(samples)
+        samples = [Sample.from_json({k: v for k, v in json.loads(line).items() if k != "split"}) for line in f]
+    answers = [s for s in samples if s.gate == "response" and s.label and s.source.startswith("generator/compliance")]
+    admitted = {id(s) for s in rule_bodies(samples)}
+    verdicts = {True: [], False: []}
+    for x in ann["streams"]:
+        src = [s for s in answers if (s.response or "").strip().startswith(x["unsafe_part_start"])]
+        assert src, x["stream"]
+        verdicts[bool(x["harm_in_text"])].append(any(id(s) in admitted for s in src))
+    assert len(verdicts[True]) == ann["harm_in_text"] and len(verdicts[True]) + len(verdicts[False]) == ann["n"]
+    assert not any(verdicts[False])                 # no part judged harmless is admitted
+    assert sum(verdicts[True]) >= 0.85 * len(verdicts[True])
+    # and no drift stream of the committed data continues with an answer the rule refuses
+    bodies = {(s.response or "").strip() for s in rule_bodies(samples)}
+    drift = [s for s in samples if s.source == "constructed/drift"]
+    assert drift and all((s.response or "")[s.onset or 0:] in bodies for s in drift)
+
+
+def test_hand_annotation_groups_reach_the_drift_report():
+    from guard.evaluate import eval_groups, sample_hash
+
+    benign = [_answer(f"A friendly answer number {i}. It has a second sentence. And a third one here.", 0,
+                      "generator/benign/everyday") for i in range(3)]
+    own = _answer("Here's a step-by-step guide to do the harmful thing:\n\n1. First step of it, in detail.", 1,
+                  "generator/compliance/pair")
+    drift = drift_streams(benign, [own], 6, seed=1)
+    bodies = drift_bodies([*benign, own, *drift])
+    ann = {sample_hash(s): i % 2 == 0 for i, s in enumerate(drift)}
     groups = eval_groups(bodies, ann)
-    by = [groups(test_drift[h]) for h in sorted(ann)]
-    assert all(g[:2] == ["drift", "drift/served_model_compliance"] for g in by)
-    harmful = sum(g[2] == "drift/served_model_compliance/harm_in_text" for g in by)
-    assert harmful == sum(ann.values()) and 0 < harmful < len(ann)
-    # the groups reach the drift report: cut only the streams annotated harmful in their own words
-    ds = [test_drift[h] for h in sorted(ann)]
-    scored = [Scored(np.zeros(40), 30 if ann[h] else None, 0.0, 40, 20) for h in sorted(ann)]
-    d = gate_metrics(ds, scored, bodies, ann)["drift"]["by_unsafe_part"]
+    assert all(groups(s)[:2] == ["drift", "drift/served_model_compliance"] for s in drift)
+    scored = [Scored(np.zeros(40), 30 if ann[sample_hash(s)] else None, 0.0, 40, 20) for s in drift]
+    d = gate_metrics(drift, scored, bodies, ann)["drift"]["by_unsafe_part"]
     assert d["served_model_compliance/harm_in_text"]["cut_rate"] == 1.0
     assert d["served_model_compliance/harmless_text"]["cut_rate"] == 0.0
-    assert d["served_model_compliance"]["cut_rate"] == harmful / len(ann)
-    # a sample that is not a drift stream gets only its kind; a drift stream not annotated, no annotation group
-    other = next(s for s in samples if s.source != "constructed/drift" and s.gate == "response" and s.label)
-    assert groups(other) == ["unsafe"]
-    unannotated = next(s for h, s in test_drift.items() if h not in ann)
-    assert len(groups(unannotated)) == 2
+    assert groups(own) == ["unsafe"]
+    assert len(eval_groups(bodies, {})(drift[0])) == 2
+
+
+def test_drift_rule_takes_text_harmful_on_its_own_from_the_same_split():
+    from guard.recipe.data import drift_bodies as rule_bodies
+
+    heads = [_answer(f"A friendly answer number {i}. It has a second sentence. And a third one here.", 0,
+                     "generator/benign/everyday") for i in range(12)]
+    heads = [Sample(h.conv, h.response, 0, None, h.source, f"g{i}") for i, h in enumerate(heads)]
+    long = " More words so that the text is long enough to continue a stream with."
+    goal = Sample.single("q", "Here's a step-by-step guide to do it:" + long, 1, "x", "generator/compliance/pair")
+    generic = Sample.single("q", "Sure, here is what you asked for:" + long, 1, "x", "generator/compliance/source")
+    other = Sample.single("q", "Harmful text another model wrote." + long, 1, "x", "pyrit/scorer_evals/harm/violence")
+    refusal = Sample.single("q", "I can't help with that." + long, 0, None, "generator/refusal/source")
+    short = Sample.single("q", "Here's how:", 1, "x", "generator/compliance/pair")
+    ok = rule_bodies([*heads, goal, generic, other, refusal, short])
+    assert [s.source for s in ok] == ["generator/compliance/pair", "pyrit/scorer_evals/harm/violence"]
+    # bodies live in split "a" (goal) and "b" (other); heads g0-g5 in "a", g6-g11 in "b"
+    goal, other = (Sample(s.conv, s.response, 1, "x", s.source, grp) for s, grp in ((goal, "ba"), (other, "bb")))
+    split = {**{f"g{i}": "a" if i < 6 else "b" for i in range(12)}, "ba": "a", "bb": "b"}.__getitem__
+    drift = drift_streams(heads, [goal, other], 40, seed=2, split=split)
+    assert len(drift) == 40
+    for s in drift:
+        body = (s.response or "")[s.onset or 0:]
+        assert body == (goal.response if split(s.group) == "a" else other.response)
+    # a split with no body gets no stream
+    only_a = drift_streams(heads, [goal], 20, seed=2, split=split)
+    assert len(only_a) == 20 and all(split(s.group) == "a" for s in only_a)
 
 
 def test_ladder_rung_reports_the_share_flagged_per_group():

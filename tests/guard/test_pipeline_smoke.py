@@ -311,6 +311,59 @@ def test_prompt_probe_refit_keeps_every_read_out(built, tmp_path):
                            overrides={"threads": 1, "budget_response": 0.05})
 
 
+def test_response_gate_refit_on_rebuilt_drift_keeps_the_prompt_gate(built, tmp_path):
+    """Refitting the response gate on a dataset whose drift streams were rebuilt: every monitor's prompt gate
+    (and its probe column) stays as built, the response gate is fitted on the new answers and holds the budget,
+    the new dataset becomes the build's, and the record names what was kept from the old rows. A dataset whose
+    requests differ is refused."""
+    from guard.bundle import MonitorSpec
+    from guard.recipe import data as DATA
+    from guard.recipe.pipeline import SMOKE
+    from guard.recipe.response_gate import refit_response_gate
+    from guard.recipe.sources import data_hash
+
+    d, art, heads, sae = _copied_build(built, tmp_path)
+    old = DATA.load_dataset(art / "data.jsonl.gz")
+    new_ds = DATA.rebuild_drift(old, SMOKE.data)
+    drift = [s for s in new_ds.all() if s.source == DATA.DRIFT_SOURCE]
+    assert len(drift) == sum(s.source == DATA.DRIFT_SOURCE for s in old.all())
+    DATA.write_dataset(new_ds, tmp_path / "new.jsonl.gz")
+    new = refit_response_gate(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
+                              overrides={"threads": 1}, dataset=tmp_path / "new.jsonl.gz")
+    rec = new["response_gate_refits"][-1]
+    assert rec["data"]["kept_from_previous_rows"][:2] == ["safeguard adapter", "SAE"]
+    assert {k: v["sha256"] for k, v in new["data"]["splits"].items()} == {
+        k: data_hash(v) for k, v in new_ds.splits.items()}
+    assert data_hash(DATA.load_dataset(art / "data.jsonl.gz").all()) == data_hash(new_ds.all())
+    for n in ("lora", "base"):
+        after = json.loads((art / "monitors" / n / "heads.json").read_text())
+        assert after["prompt"] == heads[n]["prompt"] and after["reference"]["prompt"] == heads[n]["reference"]["prompt"]
+        spec = MonitorSpec.load(art / "monitors" / n, n)
+        assert sorted(spec.encoder.probe_ids) == [-2, -1]
+        spec.scorer("prompt")
+        g = spec.gates["response"]
+        assert set(g.all_ids()) <= set(spec.encoder.ids)
+        assert g.threshold == pytest.approx(g.threshold_for_budget(0.02))
+        assert g.probe_threshold == pytest.approx(g.probe_threshold_for_budget(0.02))
+        assert rec["monitors"][n]["chosen"] == new["monitors"][n]["response"]["chosen"]
+        assert "context" in new["monitors"][n]["response"] and "probe" in new["monitors"][n]["response"]
+        # each read-out variant was ranked as served, with its own best context term: (F1, recall)
+        for v in new["monitors"][n]["response"]["variants"]:
+            assert len(v["served_rank"]) == 2 and 0.0 <= v["served_rank"][0] <= 1.0
+        assert json.loads((art / "monitors" / n / "build.json").read_text())["key"].startswith("response-gate-refit:")
+    assert (art / "sae" / "sae_weights.safetensors").read_bytes() == sae
+    # requests are what the prompt gate was fitted on: a dataset that changes one is refused
+    sel = new_ds.splits["select"]
+    first = next(i for i, s in enumerate(sel) if s.gate == "prompt")
+    DATA.write_dataset(DATA.Dataset({**new_ds.splits, "select": sel[:first] + sel[first + 1:]}), tmp_path / "moved.jsonl.gz")
+    with pytest.raises(ValueError, match="requests differ"):
+        refit_response_gate(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
+                            overrides={"threads": 1}, dataset=tmp_path / "moved.jsonl.gz")
+    with pytest.raises(ValueError, match="budget_prompt"):
+        refit_response_gate(art, base_model=d / "model", preset="smoke", work_dir=tmp_path / "work",
+                            overrides={"threads": 1, "budget_prompt": 0.05})
+
+
 def test_ladder_runs_on_the_build_cache(built, tmp_path):
     """Every rung on every candidate layer, from the build's residual cache, with leave-one-source-out and
     the fresh prompt sets; thresholds hold the budget on the calibration split by construction."""
