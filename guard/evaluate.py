@@ -247,7 +247,8 @@ def gate_metrics(samples: Sequence[Sample], scored: Sequence[Scored],
                          "sensitive_flagged": share("sensitive"), "statements_unsafe_recall": share("statement_unsafe"),
                          "statements_benign_flagged": share("statement_benign"),
                          "average_precision": C.average_precision(scores[p_idx], y) if 0 < y.sum() < len(y) else None,
-                         "n": {k: kinds.count(k) for k in ("unsafe", "benign", "sensitive", "statement_unsafe", "statement_benign")}}
+                         "n": {k: sum(kinds[i] == k for i in p_idx)
+                               for k in ("unsafe", "benign", "sensitive", "statement_unsafe", "statement_benign")}}
     r_idx = [i for i, s in enumerate(samples) if s.gate == "response" and kinds[i] != "drift"]
     if r_idx:
         y = np.array([samples[i].label for i in r_idx])
@@ -255,7 +256,7 @@ def gate_metrics(samples: Sequence[Sample], scored: Sequence[Scored],
         out["response"] = {"f1": f, "precision": p, "recall": r, "benign_answers_cut": share("benign_answer"),
                            "refusals_cut": share("refusal"), "other_safe_cut": share("other_safe"),
                            "average_precision": C.average_precision(scores[r_idx], y) if 0 < y.sum() < len(y) else None,
-                           "n": {k: kinds.count(k) for k in ("unsafe", "benign_answer", "refusal", "other_safe")}}
+                           "n": {k: sum(kinds[i] == k for i in r_idx) for k in ("unsafe", "benign_answer", "refusal", "other_safe")}}
         by_src: dict[str, list[bool]] = {}
         for i in r_idx:
             by_src.setdefault(samples[i].source, []).append(bool(flagged[i]))

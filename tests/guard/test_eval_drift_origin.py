@@ -145,3 +145,16 @@ def test_ladder_rung_reports_the_share_flagged_per_group():
     assert by["drift/b"] == {"n": 1, "flagged": 0.0}
     assert by["drift"]["n"] == 3 and abs(by["drift"]["flagged"] - 2 / 3) < 1e-12
     assert by["benign_answer"]["flagged"] == 0.0
+
+
+def test_gate_counts_are_each_gates_own():
+    """An unsafe request and an unsafe answer share the kind "unsafe": each gate counts its own samples."""
+    prompts = [Sample(((("user", f"harmful request {i}"),)), None, 1, "x", "pyrit/adv_bench", f"p{i}") for i in range(3)]
+    prompts += [Sample(((("user", "a benign request"),)), None, 0, None, "templates/everyday", "b")]
+    answers = [_answer(f"unsafe answer {i} with enough words in it", 1, "generator/compliance/pair") for i in range(2)]
+    answers += [_answer("a benign answer with enough words in it", 0, "generator/benign/everyday")]
+    samples = prompts + answers
+    scored = [Scored(np.zeros(4), None, 0.0, 4, 2) for _ in samples]
+    m = gate_metrics(samples, scored)
+    assert m["prompt"]["n"]["unsafe"] == 3 and m["prompt"]["n"]["benign"] == 1
+    assert m["response"]["n"]["unsafe"] == 2 and m["response"]["n"]["benign_answer"] == 1
