@@ -293,16 +293,17 @@ def drift_streams(benign: Sequence[Sample], unsafe: Sequence[Sample], n: int, se
     never continues with text the read-outs were fitted on."""
     rng = random.Random(seed)
     out: list[Sample] = []
-    bodies = [u for u in unsafe if u.response and len(u.response) > 80]
+    part = split or (lambda _: "")
     by_split: dict[str, list[Sample]] = {}
-    for u in bodies:
-        by_split.setdefault(split(u.group) if split else "", []).append(u)
-    heads = [b for b in benign if (split(b.group) if split else "") in by_split]
+    for u in unsafe:
+        if u.response and len(u.response) > 80:
+            by_split.setdefault(part(u.group), []).append(u)
+    heads = [b for b in benign if part(b.group) in by_split]
     if not heads:
         return out
     for _ in range(n):
         b = rng.choice(heads)
-        u = rng.choice(by_split[split(b.group) if split else ""])
+        u = rng.choice(by_split[part(b.group)])
         assert b.response is not None and u.response is not None
         head = _cut_at_sentence(b.response.strip(), rng)
         body = u.response.strip()
@@ -322,9 +323,9 @@ def rebuild_drift(ds: Dataset, cfg: DataConfig) -> Dataset:
     kept = [s for s in old if s.source != DRIFT_SOURCE]
     n = len(old) - len(kept)
     benign = [s for s in kept if s.label == 0 and s.source.startswith("generator/benign")]
-    drift = drift_streams(benign, drift_bodies(kept), n, cfg.seed + 14, _split_fn(cfg))
-    log.info("drift streams rebuilt: %d (from %d unsafe answers harmful in their own words)", len(drift),
-             len(drift_bodies(kept)))
+    bodies = drift_bodies(kept)
+    drift = drift_streams(benign, bodies, n, cfg.seed + 14, _split_fn(cfg))
+    log.info("drift streams rebuilt: %d (from %d unsafe answers harmful in their own words)", len(drift), len(bodies))
     # every other row keeps its place, so each split's requests are the same list as before
     return _assemble(kept + sorted(drift, key=lambda s: s.key()), cfg)
 

@@ -69,6 +69,13 @@ class FinishedBuild:
 
         return build_dtype(str(self.manifest["dtype"]))
 
+    def answers(self) -> tuple[list[Any], list[int], list[int]]:
+        """The select then calibration answers of the dataset, and their positions: the rows (and the order) of
+        the answer cache the response refits share, so that one resumes another's forward."""
+        sel = [s for s in self.dataset.splits["select"] if s.gate == "response"]
+        cal = [s for s in self.dataset.splits["calib"] if s.gate == "response"]
+        return sel + cal, list(range(len(sel))), list(range(len(sel), len(sel) + len(cal)))
+
     def monitor_cache(self, name: str, model: Any, tok: Any, samples: list[Any], folder: Path,
                       progress: Callable[[float], None]) -> Any:
         """The residual cache of ``samples`` at the build's layer through monitor ``name``'s network ``model``,

@@ -151,17 +151,14 @@ def refit_response_probe(out_dir: str | Path, base_model: str | Path | None = No
         raise ValueError("response_probe is off: there is no residual probe to fit")
     work = Path(work_dir) if work_dir is not None else default_work_dir(preset)
     work.mkdir(parents=True, exist_ok=True)
-    answers = [s for s in fb.dataset.splits["select"] if s.gate == "response"]
-    n_sel = len(answers)
-    answers += [s for s in fb.dataset.splits["calib"] if s.gate == "response"]
-    sel_idx, cal_idx = list(range(n_sel)), list(range(n_sel, len(answers)))
+    answers, sel_idx, cal_idx = fb.answers()
 
     def fit(name: str, model: Any, tok: Any, spec: MonitorSpec, progress: Callable[[float], None]
             ) -> tuple[MonitorSpec, dict[str, Any]]:
         cache = fb.monitor_cache(name, model, tok, answers, work / "cache" / f"response-probe-{name}", progress)
         return fit_residual_probe(spec, cache, layer, tok, answers, sel_idx, cal_idx, cfg.budget_response)
 
-    record: dict[str, Any] = {"layer": layer, "answers": {"select": n_sel, "calib": len(cal_idx)}}
+    record: dict[str, Any] = {"layer": layer, "answers": {"select": len(sel_idx), "calib": len(cal_idx)}}
     return refit_each_monitor(
         fb, PartRefit("response", "probe", "probe", "guard build: response residual probe fitted"), fit, record,
         lambda prec, seconds: {**prec, "fit_seconds": prec["seconds"], "seconds": seconds}, commit_stages)

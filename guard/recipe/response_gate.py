@@ -80,12 +80,9 @@ def refit_response_gate(out_dir: str | Path, base_model: str | Path | None = Non
         fb = replace(fb, dataset=new_data)
     work = Path(work_dir) if work_dir is not None else default_work_dir(preset)
     work.mkdir(parents=True, exist_ok=True)
-    answers = [s for s in fb.dataset.splits["select"] if s.gate == "response"]
-    n_sel = len(answers)
-    answers += [s for s in fb.dataset.splits["calib"] if s.gate == "response"]
-    sel_idx, cal_idx = list(range(n_sel)), list(range(n_sel, len(answers)))
-    sel, cal = answers[:n_sel], answers[n_sel:]
-    record["answers"] = {"select": n_sel, "calib": len(cal)}
+    answers, sel_idx, cal_idx = fb.answers()
+    sel, cal = answers[:len(sel_idx)], answers[len(sel_idx):]
+    record["answers"] = {"select": len(sel), "calib": len(cal)}
     sae = load_sae(fb.out / "sae")
 
     def fit(name: str, model: Any, tok: Any, spec: MonitorSpec, progress: Callable[[float], None]
