@@ -12,6 +12,7 @@ inputs they depend on are unchanged, so a failed build resumes instead of starti
 
 from __future__ import annotations
 
+import difflib
 import gzip
 import hashlib
 import json
@@ -58,6 +59,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 GATES = ("prompt", "response")
+
+
+# how the response gate's residual probe is fitted (guard.recipe.residual_probe)
+RESPONSE_PROBE_FITS = ("window_max", "mean")
 
 
 @dataclass
@@ -117,6 +122,11 @@ class BuildConfig:
     # the response gate's second trigger, a probe on the residual (guard.recipe.residual_probe), calibrated at
     # the response budget on its own
     response_probe: bool = True
+    # how that probe is fitted (guard.recipe.residual_probe.PROBE_FITS): "window_max" on the windows it is served
+    # on, C of response_probe_c by the calibration answers' recall at the budget; "mean" on each answer's mean
+    # residual, C by average precision
+    response_probe_fit: str = "window_max"
+    response_probe_c: tuple[float, ...] = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
     # the prompt gate's residual probe, added to its read-out's score (guard.recipe.prompt_probe), one threshold
     # on the sum at the prompt budget
     prompt_probe: bool = True
@@ -145,6 +155,15 @@ class BuildConfig:
     # all), drawn at random within each (gate, label, source); the calibration split's benign traffic is kept
     # whole so that a 2 % budget is set on enough samples
     fit_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        # a bad setting fails here, not hours into a build at the stage that reads it
+        if self.response_probe_fit not in RESPONSE_PROBE_FITS:
+            close = difflib.get_close_matches(str(self.response_probe_fit), RESPONSE_PROBE_FITS, n=1)
+            raise ValueError(f"response_probe_fit {self.response_probe_fit!r} is not one of {RESPONSE_PROBE_FITS}"
+                             + (f"; did you mean {close[0]!r}?" if close else ""))
+        if self.response_probe_fit == "window_max" and (not self.response_probe_c or min(self.response_probe_c) <= 0):
+            raise ValueError(f"response_probe_c must hold Cs > 0 for a window_max probe, got {self.response_probe_c}")
 
 
 CPU = BuildConfig()
@@ -578,8 +597,6 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
     from guard.sae import load_sae, sae_metrics, save_sae
 
     if preset not in PRESETS:
-        import difflib
-
         close = difflib.get_close_matches(preset, PRESETS, n=1)
         raise KeyError(f"Unknown preset '{preset}'.{f' Did you mean {close[0]!r}?' if close else ''} Available: {', '.join(PRESETS)}")
     cfg = replace(PRESETS[preset], **(overrides or {}))
@@ -884,7 +901,8 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
 
             spec, rep["response"]["probe"] = fit_residual_probe(spec, net_cache, chosen, tok, every,
                                                                 gidx["select"]["response"], gidx["calib"]["response"],
-                                                                cfg.budget_response)
+                                                                cfg.budget_response, cfg.response_probe_fit,
+                                                                cfg.response_probe_c)
         if cfg.prompt_probe:
             from guard.recipe.prompt_probe import fit_prompt_probe, model_rows, prompt_samples
 

@@ -38,7 +38,7 @@ from guard.recipe.sources import data_hash
 log = logging.getLogger(__name__)
 
 RESPONSE_GATE_FIELDS = frozenset({"response_head_grid", "budget_response", "response_context_grid", "response_probe",
-                                  "threads"})
+                                  "response_probe_fit", "response_probe_c", "threads"})
 
 
 def check_requests_unchanged(old: DATA.Dataset, new: DATA.Dataset) -> dict[str, Any]:
@@ -120,7 +120,7 @@ def refit_response_gate(out_dir: str | Path, base_model: str | Path | None = Non
         progress(0.9)
         if cfg.response_probe:
             new, part["probe"] = fit_residual_probe(new, cache, layer, tok, answers, sel_idx, cal_idx,
-                                                    cfg.budget_response)
+                                                    cfg.budget_response, cfg.response_probe_fit, cfg.response_probe_c)
         return new, part
 
     def summary(part: dict[str, Any], seconds: float) -> dict[str, Any]:

@@ -147,3 +147,74 @@ def test_gate_spec_keeps_the_probe_and_its_threshold(tmp_path):
     assert GateSpec.from_dict({k: v for k, v in g.to_dict().items() if not k.startswith("probe")}).probe is None
     with pytest.raises(ValueError, match="lack selected"):
         GateScorer(Head([3], [1.0]), [3, 7], 0.0, probe=probe)
+
+
+def test_window_means_are_what_the_served_window_scores():
+    """A probe's served c_t is its weights against the window mean of the rows, damping included."""
+    from guard.monitor import pool
+    from guard.recipe.residual_probe import window_means
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(37, 5))
+    w = rng.normal(size=5)
+    for p in (Pooling(8, 3), Pooling(1, 1), Pooling(64, 16)):
+        np.testing.assert_allclose(window_means(x, p) @ w + 0.7, pool(x @ w, p, 0.7), rtol=1e-5, atol=1e-5)
+
+
+def _bursts(n: int, rng: np.random.Generator, d: int = 12, length: int = 400, burst: int = 10):
+    """Answers of noise; an unsafe one carries direction 0 over a short burst somewhere (its mean barely
+    moves) and a faint shift along direction 2 throughout (plain in its mean, lost in any one window's noise);
+    every answer has a long stretch along direction 1 whatever its label."""
+    spans, y = [], []
+    for k in range(n):
+        x = rng.normal(size=(length, d)).astype(np.float32)
+        a = int(rng.integers(0, length - 60))
+        x[a:a + 60, 1] += 2.0
+        if k % 2:
+            b = int(rng.integers(0, length - burst))
+            x[b:b + burst, 0] += 2.5
+            x[:, 2] += 0.15
+        spans.append(x)
+        y.append(k % 2)
+    return spans, np.array(y)
+
+
+def test_window_probe_finds_a_short_unsafe_burst_the_mean_fit_dilutes():
+    from guard.ladder import fit_probe
+    from guard.recipe.residual_probe import fit_window_probe, served_recall
+
+    rng = np.random.default_rng(1)
+    p = Pooling(8, 4)
+    spans, y = _bursts(200, rng)
+    cal, yc = _bursts(200, rng)
+    pooled = np.stack([x.mean(0) for x in spans])
+    mean_fit = fit_probe(pooled, y, np.stack([x.mean(0) for x in cal]), yc)
+    win = fit_window_probe(spans, y, mean_fit, p, 0.1)
+    benign = yc == 0
+    r_mean = served_recall(mean_fit.streamed_dense(cal, p), yc, benign, 0.05)
+    r_win = served_recall(win.streamed_dense(cal, p), yc, benign, 0.05)
+    assert r_win >= 0.9 and r_win > r_mean + 0.1, (r_win, r_mean)
+    # it reads the burst, not the stretch every answer has
+    u = win.w / np.linalg.norm(win.w)
+    assert u[0] > 0.5 and abs(u[1]) < 0.2, u
+
+
+def test_a_window_probe_needs_both_labels():
+    from guard.ladder import LinearProbe
+    from guard.recipe.residual_probe import fit_window_probe
+
+    x = [np.ones((5, 3), np.float32)] * 3
+    with pytest.raises(ValueError, match="safe and unsafe"):
+        fit_window_probe(x, np.zeros(3, int), LinearProbe(np.ones(3), 0.0, 1.0), Pooling(2, 1), 1.0)
+
+
+def test_build_config_refuses_an_unknown_probe_fit():
+    from dataclasses import replace
+
+    from guard.recipe.pipeline import PRESETS
+
+    with pytest.raises(ValueError, match="did you mean 'window_max'"):
+        replace(PRESETS["cpu"], response_probe_fit="window-max")
+    with pytest.raises(ValueError, match="Cs > 0"):
+        replace(PRESETS["cpu"], response_probe_c=())
+    assert replace(PRESETS["cpu"], response_probe_fit="mean", response_probe_c=()).response_probe_fit == "mean"
