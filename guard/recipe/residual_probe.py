@@ -120,17 +120,16 @@ def served_recall(peaks: np.ndarray, y: np.ndarray, benign: np.ndarray, budget: 
                           for f in (0.5, 1.0, 1.5)]))
 
 
-def fit_window_probe(spans: Sequence[np.ndarray], y: np.ndarray, start: Any, pooling: Pooling, c: float,
+def fit_window_probe(wins: Sequence[np.ndarray | None], y: np.ndarray, start: Any, pooling: Pooling, c: float,
                      rounds: int = ROUNDS, stride: int = WINDOW_STRIDE, hard: int = HARD_WINDOWS) -> Any:
     """A :class:`guard.ladder.LinearProbe` fitted on served windows (the ``window_max`` fit of the module
-    docstring): ``spans`` each answer's residual rows, ``y`` its label, ``start`` the probe whose top windows
-    the first round takes, ``c`` the inverse L2 strength."""
+    docstring): ``wins`` each answer's :func:`window_means` (None for an answer with no scored token), ``y`` its
+    label, ``start`` the probe whose top windows the first round takes, ``c`` the inverse L2 strength."""
     from sklearn.linear_model import LogisticRegression
 
     from guard.ladder import LinearProbe
 
     y = np.asarray(y, dtype=int)
-    wins = [window_means(x, pooling) if len(x) else None for x in spans]
     fixed, fixed_of = [], []
     for k, v in enumerate(wins):
         if y[k] == 0 and v is not None:
@@ -194,16 +193,21 @@ def fit_residual_probe(spec: MonitorSpec, cache: Any, layer: int, tok: Any, samp
     p_cal = probe.streamed_dense(spans, g.pooling)
     tried: list[dict[str, Any]] = [{"fit": "mean", "C": probe.C, "served_recall": served_recall(p_cal, y_cal, bt, budget)}]
     if fit == "window_max":
+        # every C refits on the same windows: form them once
+        wins = [window_means(x, g.pooling) if len(x) else None for x in sel_spans]
+        del sel_spans
         best = None
         for c in sorted(c_grid):
-            cand = fit_window_probe(sel_spans, y_sel, probe, g.pooling, float(c))
+            cand = fit_window_probe(wins, y_sel, probe, g.pooling, float(c))
             p = cand.streamed_dense(spans, g.pooling)
             tried.append({"fit": "window_max", "C": float(c), "served_recall": served_recall(p, y_cal, bt, budget)})
             if best is None or tried[-1]["served_recall"] > best[0]:    # a tie keeps the smaller C
                 best = (tried[-1]["served_recall"], cand, p)
         assert best is not None
         _, probe, p_cal = best
-    del X_sel, sel_spans, spans
+    else:
+        del sel_spans
+    del X_sel, spans
     thr_p = C.threshold_at_budget(p_cal[bt], budget)
     encoder, pid = add_probe_column(spec.encoder, np.asarray(probe.w, dtype=np.float32))
     how = {"mean": "class-balanced L2 logistic on the mean residual",

@@ -181,7 +181,7 @@ def _bursts(n: int, rng: np.random.Generator, d: int = 12, length: int = 400, bu
 
 def test_window_probe_finds_a_short_unsafe_burst_the_mean_fit_dilutes():
     from guard.ladder import fit_probe
-    from guard.recipe.residual_probe import fit_window_probe, served_recall
+    from guard.recipe.residual_probe import fit_window_probe, served_recall, window_means
 
     rng = np.random.default_rng(1)
     p = Pooling(8, 4)
@@ -189,7 +189,7 @@ def test_window_probe_finds_a_short_unsafe_burst_the_mean_fit_dilutes():
     cal, yc = _bursts(200, rng)
     pooled = np.stack([x.mean(0) for x in spans])
     mean_fit = fit_probe(pooled, y, np.stack([x.mean(0) for x in cal]), yc)
-    win = fit_window_probe(spans, y, mean_fit, p, 0.1)
+    win = fit_window_probe([window_means(x, p) for x in spans], y, mean_fit, p, 0.1)
     benign = yc == 0
     r_mean = served_recall(mean_fit.streamed_dense(cal, p), yc, benign, 0.05)
     r_win = served_recall(win.streamed_dense(cal, p), yc, benign, 0.05)
@@ -201,9 +201,9 @@ def test_window_probe_finds_a_short_unsafe_burst_the_mean_fit_dilutes():
 
 def test_a_window_probe_needs_both_labels():
     from guard.ladder import LinearProbe
-    from guard.recipe.residual_probe import fit_window_probe
+    from guard.recipe.residual_probe import fit_window_probe, window_means
 
-    x = [np.ones((5, 3), np.float32)] * 3
+    x = [window_means(np.ones((5, 3), np.float32), Pooling(2, 1))] * 3
     with pytest.raises(ValueError, match="safe and unsafe"):
         fit_window_probe(x, np.zeros(3, int), LinearProbe(np.ones(3), 0.0, 1.0), Pooling(2, 1), 1.0)
 
