@@ -24,6 +24,8 @@ SETS: dict[str, int] = {
     "fresh_benign_edgy": 0,
     "fresh_harmful_c": 1,
     "fresh_benign_edgy_b": 0,
+    "fresh_harmful_d": 1,
+    "fresh_benign_edgy_c": 0,
     "everyday": 0,
     "sensitive": 0,
     "structured": 0,

@@ -132,7 +132,8 @@ def _generator_strings() -> list[str]:
 
 @pytest.mark.parametrize("name,min_n,min_cats", [("fresh_harmful", 190, 10), ("fresh_harmful_b", 90, 11),
                                                  ("fresh_benign_edgy", 190, 9), ("fresh_harmful_c", 110, 11),
-                                                 ("fresh_benign_edgy_b", 90, 9)])
+                                                 ("fresh_benign_edgy_b", 90, 9), ("fresh_harmful_d", 110, 11),
+                                                 ("fresh_benign_edgy_c", 90, 9)])
 def test_fresh_sets_format_and_counts(name: str, min_n: int, min_cats: int) -> None:
     rows = load_eval_prompts(name)
     assert len(rows) >= min_n
@@ -159,6 +160,18 @@ def test_no_duplicates_within_or_across_sets() -> None:
         t = _norm(text)
         assert t not in seen, f"{text!r} is in {name} and {seen[t]}"
         seen[t] = name
+
+
+# The sets written after the prompt gate's edgy refusals had been read request by request: they check a change
+# made while watching the earlier sets, so they must not reword any request of those.
+LATEST = ("fresh_harmful_d", "fresh_benign_edgy_c")
+
+
+def test_the_latest_sets_reword_no_earlier_request() -> None:
+    latest = [(n, c, t) for n in LATEST for c, t in load_eval_prompts(n)]
+    earlier = [t for n in SETS if n not in LATEST for _, t in load_eval_prompts(n)]
+    assert _overlaps(latest, earlier) == []
+    assert _same_subject(latest, earlier) == []
 
 
 def test_no_overlap_with_the_build_data(build_texts: list[str]) -> None:
