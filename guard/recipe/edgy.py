@@ -4,8 +4,10 @@ The build's benign-but-sensitive prompts are a few hundred hand-written requests
 harmful ones from the registry sources. A read-out fitted on that balance learns that a request holding
 "kill", "poison", "explode" or "overdose" is harmful, and refuses a gardener asking how to kill slugs. These
 generated requests put the dangerous-sounding words in harmless frames: computing, pests, cooking, sport and
-games, fiction, history, definitions, safety, medicine, law, defensive security, figures of speech and
-science teaching, each a list of complete phrases (written here) rendered through several request frames.
+games, fiction, history, definitions, safety, medicine, law, defensive security, figures of speech, science
+teaching, checks for a scam or an attack aimed at the asker, safe disposal of hazardous things, true crime, play
+(party games, airsoft, Halloween) and emergencies (an overdose, a poisoned pet), each a list of complete phrases
+(written here) rendered through several request frames.
 
 Seeded, so a build reproduces them; the held-out sets that measure this kind of traffic
 (``guard/eval_data/fresh_benign_edgy.txt``, ``sensitive.txt``) share no phrase with this module, which a
@@ -162,6 +164,53 @@ FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
          "How do snake venoms affect the body?", "Why is hydrofluoric acid so dangerous to touch?",
          "How did the Chernobyl reactor explode?", "Why does sodium explode in water?",
          "How does botulinum toxin cause paralysis?", "Why is chlorine gas heavier than air?", "How does a pufferfish's poison stop nerves firing?"),
+    ),
+    # protective questions whose subject is an attack, a scam or a hazard: the asker is its target
+    "detect": (
+        ("How can I tell if {x}?", "What are the signs that {x}?", "How do I check whether {x}?",
+         "My neighbour got caught out last month: how would I know if {x}?"),
+        ("someone has cloned my SIM card", "a parcel delivery text is a scam", "a holiday rental listing is fake",
+         "my smart doorbell has been hacked", "a used car hides flood damage", "a concert ticket reseller is a fraud",
+         "a door-to-door charity collector is genuine", "a QR code stuck on a parking meter is a trap",
+         "my elderly aunt is being exploited by her carer", "a child's toy has lead paint",
+         "my well water has arsenic in it", "a job offer I got by text is a phishing attempt",
+         "my laptop webcam is being watched remotely", "a cryptocurrency investment site is a rug pull",
+         "a romance match online is a catfish after money", "my child's school photos are being scraped by strangers"),
+    ),
+    "disposal": (
+        ("How should I dispose of {x}?", "Where can I safely get rid of {x}?", "What's the safe way to throw away {x}?"),
+        ("a broken mercury thermometer", "expired EpiPens", "leftover pool shock chlorine", "a swollen e-bike battery",
+         "old shotgun shells found in my late father's attic", "half a can of paint thinner", "a dead car battery",
+         "the needles from my cat's diabetes shots", "damp fireworks from last year", "old rat poison pellets",
+         "left-over morphine after a relative's hospice care", "unused chemotherapy tablets", "an old smoke detector",
+         "a jar of unlabelled garden pesticide"),
+    ),
+    "true_crime": (
+        ("How was {x} solved?", "Tell me the story of {x}.", "What did investigators learn from {x}?",
+         "Why is {x} still famous?"),
+        ("the Brink's-Mat gold robbery", "the Chicago Tylenol poisonings", "the capture of the Unabomber",
+         "the Zodiac killer case", "Al Capone's conviction for tax evasion", "the Isabella Stewart Gardner Museum theft",
+         "the Golden State Killer case", "the Lufthansa heist at JFK airport", "the Salisbury Novichok poisoning",
+         "the D. B. Cooper hijacking", "the Antwerp diamond heist", "the hunt for Pablo Escobar",
+         "the Hatton Garden safe deposit burglary", "the Baader-Meinhof gang"),
+    ),
+    "play": (
+        ("How do I {x}?", "Any ideas to {x}?", "What's the most fun way to {x}?"),
+        ("host a murder mystery dinner for eight friends", "plan a foam dart war for a ten-year-old's birthday",
+         "survive the first night in a zombie survival video game", "ambush the other squad in an airsoft woodland match",
+         "design deadly traps for a Dungeons & Dragons dungeon", "stage a fake crime scene for a school forensics class",
+         "run a werewolf party game where the village votes someone out", "win a water-balloon fight at a summer camp",
+         "make a haunted-house room with fake blood for Halloween", "build a trebuchet that hurls pumpkins for a contest",
+         "sneak up on players in a hide-and-seek game of Among Us", "paint a gory zombie makeup look for a film club"),
+    ),
+    "emergencies": (
+        ("What should I do if {x}?", "Help, {x}: what do I do right now?", "What's the first thing to do if {x}?"),
+        ("my roommate took too many pills and won't wake up", "my friend is very drunk and vomiting in his sleep",
+         "a toddler swallowed a dishwasher tablet", "I find a used syringe in the playground",
+         "my teenage son is vaping cannabis cartridges", "someone collapses after taking pills at a festival",
+         "my partner snorts cocaine every weekend and I'm worried", "a friend texts me a goodbye message at 3 a.m.",
+         "my grandfather mixed up his heart pills and took a double dose", "my dog licked antifreeze off the driveway",
+         "a hiker in our group was bitten by an adder", "I spilled drain cleaner on my forearm"),
     ),
 }
 

@@ -104,14 +104,16 @@ class BuildConfig:
     structured_negatives: tuple[int, int] = (360, 180)
     # generated benign requests worded like harmful ones (guard.recipe.edgy), the same way: (fit, calibration).
     # The dataset holds a few hundred benign-but-sensitive requests against thousands of harmful ones, and read-
-    # outs fitted on that balance refused a third of a fresh edgy-but-benign set.
-    edgy_negatives: tuple[int, int] = (560, 280)
+    # outs fitted on that balance refused a third of a fresh edgy-but-benign set. Many, because they are what
+    # holds the direct positives below off sensitive-sounding benign requests.
+    edgy_negatives: tuple[int, int] = (1400, 700)
     # generated direct harmful requests (guard.recipe.direct) added to the prompt gate's positives: (fit,
     # calibration). The registry sources ask in a benchmark register ("Write a tutorial on how to ..."); read-
-    # outs fitted on them alone passed a third of a fresh set of the same goals asked plainly. Off by default:
-    # at (480, 240) the gate refused more of both fresh harmful sets but also more of the edgy, sensitive and
-    # pasted structured held-out sets, the edgy and pasted ones past their limits.
-    direct_positives: tuple[int, int] = (0, 0)
+    # outs fitted on them alone passed a third of a fresh set of the same goals asked plainly. With a fifth of
+    # the edgy negatives, (480, 240) also refused more of the edgy, sensitive and pasted held-out sets, past
+    # their limits; beside (1400, 700) edgy negatives from twenty families it refuses more harmful and fewer
+    # edgy requests than either alone.
+    direct_positives: tuple[int, int] = (480, 240)
     response_head_grid: tuple[tuple[int, int, float, int], ...] = (
         (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128), (32, 8, 1e-3, 256))
     budget_prompt: float = 0.02      # share of benign prompts the prompt gate may refuse (calibration split)

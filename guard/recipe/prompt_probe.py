@@ -97,7 +97,6 @@ def fit_prompt_probe(spec: MonitorSpec, rows: Rows, sel: Sequence[Sample], cal: 
     weight = added_weight(ro_cal[bt_all], pr_cal[bt_all])
     combined = ro_cal + weight * pr_cal
     thr, bt, _, own = budget_threshold(combined, list(cal), budget)
-    _, _, _, own_ro = budget_threshold(ro_cal, list(cal), budget)
     encoder, pid = add_probe_column(spec.encoder, np.asarray(probe.w, dtype=np.float32))
     head = Head([pid], [1.0], None, float(probe.b), None, "residual_probe",
                 {"fit": "class-balanced L2 logistic on the mean residual", "C": probe.C})
@@ -119,7 +118,10 @@ def fit_prompt_probe(spec: MonitorSpec, rows: Rows, sel: Sequence[Sample], cal: 
         "readout_threshold": g.threshold, "readout_benign_scores": list(g.benign_scores),
         "readout_own_budget_scores": dict(g.own_budget_scores),
         "probe_average_precision": C.average_precision(pr_cal, y_cal),
-        "calibration": {"readout_only": numbers(ro_cal, g.threshold, own_ro), "with_probe": numbers(combined, thr, own)},
+        # the read-out's generated kinds against the scores its threshold was set on: recomputed here they can
+        # differ in the last bits, and a request tied with the threshold would then count on the other side
+        "calibration": {"readout_only": numbers(ro_cal, g.threshold, dict(g.own_budget_scores)),
+                        "with_probe": numbers(combined, thr, own)},
         "n_select": len(sel), "n_calib": len(cal), "seconds": time.time() - t0}
     gate = replace(g, threshold=float(thr), probe=head, probe_threshold=None, probe_weight=weight,
                    benign_scores=sorted(float(x) for x in combined[bt]), own_budget_scores=own,
