@@ -609,6 +609,27 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
     def encode_extra(layer: int, idx: list[int]) -> Any:
         return encode_cached(ex_cache, saes[layer], layer, idx)
 
+    # the served prompt gate's views of the build's prompt samples: leave-one-source-out scores with them as served
+    prompt_views_in: LD.PromptViews | None = None
+    if loso:
+        owners: list[int] = []
+        v_samples: list[Sample] = []
+        for i, s in enumerate(every):
+            if s.gate == "prompt":
+                for view in prompt_views(s.conv):
+                    owners.append(i)
+                    v_samples.append(replace(s, conv=view))
+        v_cache = build_cache(model, tok, v_samples, [served], work / "cache" / "eval-views", model_id=lora_id,
+                              max_tokens=max_tokens, dtype=dtype)
+        of_sample: dict[int, list[int]] = {}
+        for j, i in enumerate(owners):
+            of_sample.setdefault(i, []).append(j)
+
+        def encode_views(layer: int, rows: list[int]) -> Any:
+            return encode_cached(v_cache, saes[layer], layer, rows)
+
+        prompt_views_in = LD.PromptViews(v_cache, of_sample, encode_views)
+
     spec = MonitorSpec.load(art / "monitors" / "lora", "lora")
     cfg = PRESETS[preset]
     # the build's own settings for its generated prompts (a build from before they existed had none)
@@ -683,7 +704,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
         shipped_reference={g: spec.reference[g].overall for g in ("prompt", "response")},
         fit_readout=fit_readout, budgets={"prompt": prov["config"]["budget_prompt"], "response": prov["config"]["budget_response"]},
         is_benign_traffic=is_benign_traffic, posthoc=posthoc_scores if posthoc else None, keywords=kw_fn,
-        extra=extra, extra_cache=ex_cache, encode_extra=encode_extra,
+        extra=extra, extra_cache=ex_cache, encode_extra=encode_extra, views=prompt_views_in,
         groups=eval_groups(drift_bodies(every),
                            read_drift_annotation(drift_annotation) if drift_annotation is not None else None))
     rep: dict[str, Any] = {"artifacts": str(art), "served_layer": served, "layers": use_layers, "dtype": dtype,
@@ -710,7 +731,9 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
         rep["leave_one_source_out"] = {
             "note": "read-outs, probes and thresholds refitted without the family; the SAE and the safeguard LoRA "
                     "were not retrained (the LoRA saw the family's select samples); a prompt read-out refitted over the "
-                    "monitor's latents also reads the served response gate's latents, chosen with the family in",
+                    "monitor's latents also reads the served response gate's latents, chosen with the family in; "
+                    "the dense probes are fitted on the dataset's prompts without the build's generated ones; "
+                    "with_views: refused where the conversation or any of its served views crosses (the served rule)",
             "results": LD.loso(inp, served, families=loso_families)}
     rep["seconds"] = time.time() - t0
     LD.write_report(outp / "ladder.json", rep)

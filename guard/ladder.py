@@ -180,6 +180,35 @@ def flagged(scores: np.ndarray, thr: float) -> float:
 # the ladder
 
 @dataclass
+class PromptViews:
+    """The further texts the served prompt gate scores beside a conversation (:func:`guard.text.prompt_views`:
+    each user message alone, the messages joined, a prefill) for the build's prompt samples, in a residual cache
+    of their own. The served gate refuses where the conversation or any view crosses its threshold."""
+
+    cache: Any
+    of_sample: dict[int, list[int]]                # index in ``every`` -> its views' rows in ``cache``
+    encode: Callable[[int, list[int]], Any]        # (layer, view rows) -> TokenData
+
+    def rows(self, idx: Sequence[int]) -> tuple[list[int], np.ndarray]:
+        """The view rows of ``idx``'s samples, and for each the position in ``idx`` of the sample it views."""
+        rows: list[int] = []
+        owner: list[int] = []
+        for k, i in enumerate(idx):
+            for j in self.of_sample.get(i, ()):
+                rows.append(j)
+                owner.append(k)
+        return rows, np.array(owner, dtype=np.int64)
+
+
+def max_over_views(scores: np.ndarray, view_scores: np.ndarray, owner: np.ndarray) -> np.ndarray:
+    """Each sample's score, or the highest of its views' where that is higher (the served refusal rule)."""
+    out = np.array(scores, dtype=float, copy=True)
+    if len(owner):
+        np.maximum.at(out, owner, np.asarray(view_scores, dtype=float))
+    return out
+
+
+@dataclass
 class LadderInputs:
     """What the ladder reads: the build's samples in cache order, the cache, the candidate SAEs, the
     encoded SAE activations per (split, gate, layer), and how to fit the shipped read-out on a layer."""
@@ -205,6 +234,8 @@ class LadderInputs:
     encode_extra: Callable[[int, list[int]], Any] | None = None
     # the evaluation groups a test sample belongs to (each rung reports the share it flags of each)
     groups: Callable[[Sample], Sequence[str]] | None = None
+    # the served prompt gate's views of the build's prompt samples (leave-one-source-out scores with them too)
+    views: PromptViews | None = None
 
 
 def run_ladder(inp: LadderInputs, layers: Sequence[int]) -> dict[str, Any]:
@@ -423,6 +454,25 @@ def loso(inp: LadderInputs, layer: int, min_select: int = 20, families: Sequence
                 q = fit_probe(sae_pooled(td_sel), y_sel, sae_pooled(td_cal), y_cal)
                 r["sae_all_pooled"] = at_budget(q.pooled(sae_pooled(td_cal)), q.pooled(sae_pooled(td_tgt)),
                                                 q.pooled(sae_pooled(td_ben)))
+            if gate == "prompt" and inp.views is not None:
+                # as served: the held-out family's requests and the benign traffic refused where the conversation
+                # or any of its views crosses the threshold set on the conversations (as the build sets it)
+                vw = inp.views
+                (g_rows, g_own), (b_rows, b_own) = vw.rows(target), vw.rows(bench)
+                rows, ng = g_rows + b_rows, len(g_rows)
+                ro_v = (np.asarray(head_sample_scores(vw.encode(layer, rows), head, pooling)) if rows
+                        else np.zeros(0))
+                rv: dict[str, Any] = {"sparse_readout": at_budget(ro_c, max_over_views(ro_g, ro_v[:ng], g_own),
+                                                                  max_over_views(ro_b, ro_v[ng:], b_own))}
+                if probes:
+                    pv = np.asarray(p.pooled(residual_features(vw.cache, layer, rows)[0])) if rows else np.zeros(0)
+                    rv["dense_pooled"] = at_budget(pc, max_over_views(pg, pv[:ng], g_own),
+                                                   max_over_views(pb, pv[ng:], b_own))
+                    sv = ro_v + lam * pv
+                    rv["readout_plus_dense"] = at_budget(ro_c + lam * pc, max_over_views(ro_g + lam * pg, sv[:ng], g_own),
+                                                         max_over_views(ro_b + lam * pb, sv[ng:], b_own))
+                rv["n_held_out_with_views"] = len(set(g_own.tolist()))
+                r["with_views"] = rv
             r["seconds"] = time.time() - t
             out[f"{gate}/{fam}"] = r
             log.info("leave-one-source-out %s/%s: %s", gate, fam, json.dumps(r))

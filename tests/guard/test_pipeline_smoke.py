@@ -392,10 +392,29 @@ def test_ladder_runs_on_the_build_cache(built, tmp_path):
     assert "results" in rep["leave_one_source_out"]
     for key, r in rep["leave_one_source_out"]["results"].items():
         assert ("readout_plus_dense" in r) == (key.startswith("prompt/") and "dense_pooled" in r), key
+        # the served rule scores the views too, at the same threshold: it can only refuse more of both sides
+        assert ("with_views" in r) == key.startswith("prompt/"), key
+        for rung, v in r.get("with_views", {}).items():
+            if isinstance(v, dict):
+                assert v["recall"] >= r[rung]["recall"], (key, rung)
+                assert v["benign_traffic_flagged"] >= r[rung]["benign_traffic_flagged"], (key, rung)
     assert {"fresh_harmful", "fresh_benign_edgy"} <= set(flags)
     dil = rep["dilution"]
     assert set(dil["refused"]) == {"plain", "tool_message", "assistant_prefill", "split_turns", "filler"}
     assert dil["n"] >= 100 and all(0.0 <= v <= 1.0 for v in dil["refused"].values())
+
+
+def test_views_raise_a_score_to_its_highest_view():
+    import numpy as np
+
+    from guard.ladder import PromptViews, max_over_views
+
+    v = PromptViews(cache=None, of_sample={7: [0, 1], 9: [2]}, encode=lambda layer, rows: None)
+    rows, owner = v.rows([9, 3, 7])
+    assert rows == [2, 0, 1] and owner.tolist() == [0, 2, 2]
+    out = max_over_views(np.array([0.5, 1.0, -1.0]), np.array([0.2, 3.0, -2.0]), owner)
+    assert out.tolist() == [0.5, 1.0, 3.0]
+    assert max_over_views(np.array([1.0]), np.zeros(0), np.zeros(0, dtype=np.int64)).tolist() == [1.0]
 
 
 def test_dilution_forms_keep_every_word():
