@@ -49,4 +49,25 @@ PY
 .venv/bin/mypy
 # Convert the embedded model once up front so the first test that needs it does not pay for it in its timeout.
 .venv/bin/python -c 'from inference.embedded import ensure_embedded_model; ensure_embedded_model()'
+# The compose test's image build (package downloads and unpacking, minutes) runs beside the rest of the suite, and
+# the compose tests run last on the built image, their own build then a layer-cache hit. Only for a whole-suite
+# run with options alone; given test paths, pytest runs as asked.
+whole_suite=1
+for a in "$@"; do case "$a" in -*) ;; *) whole_suite=0 ;; esac; done
+if [ "$whole_suite" = 1 ] && [ "${NEXTGUARD_COMPOSE:-1}" != 0 ] && command -v docker >/dev/null 2>&1 \
+    && docker info >/dev/null 2>&1; then
+  NEXTGUARD_COMPOSE_PREBUILD=1 .venv/bin/python -m pytest -q tests/ops/test_compose_docker.py -k test_image_prebuild \
+    > .nextguard-compose-build.log 2>&1 &
+  prebuild=$!
+  rc=0
+  .venv/bin/python -m pytest --ignore=tests/ops/test_compose_docker.py "$@" || rc=$?
+  if ! wait "$prebuild"; then
+    echo "the image prebuild failed; the compose test builds it again:"
+    tail -20 .nextguard-compose-build.log
+  fi
+  crc=0
+  .venv/bin/python -m pytest tests/ops/test_compose_docker.py "$@" || crc=$?
+  [ "$rc" != 0 ] && exit "$rc"
+  exit "$crc"
+fi
 exec .venv/bin/python -m pytest "$@"

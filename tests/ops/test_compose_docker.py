@@ -189,6 +189,14 @@ class Compose:
         return self("logs", "--no-color", "--tail", "60", service, check=False)
 
 
+@pytest.mark.skipif(os.environ.get("NEXTGUARD_COMPOSE_PREBUILD") != "1",
+                    reason="scripts/test.sh's image prebuild runs this, beside the rest of the suite")
+def test_image_prebuild() -> None:
+    # the deployment fixture's build of the same image is then a layer-cache hit
+    build_image()
+    assert int(sh("docker", "image", "inspect", IMAGE, "--format", "{{.Size}}")) > 0
+
+
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compose]:
     seconds = build_image()
