@@ -674,6 +674,20 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
         head = fit_sample_mean_head(td_sel, np.array([s.label for s in s_sel]), cols, replace(hc, max_latents=len(cols)))
         return head, hc.pooling(), ref.spec.overall
 
+    gen_res: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def generated_residuals(layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        if layer not in gen_res:
+            ex = generated(layer)
+            both = ex.sel + ex.cal
+            g_cache = build_cache(model, tok, both, [layer], work / "cache" / f"eval-generated-L{layer}",
+                                  model_id=lora_id, max_tokens=max_tokens, dtype=dtype)
+            X, _ = LD.residual_features(g_cache, layer, list(range(len(both))))
+            y = np.array([s.label for s in both])
+            k = len(ex.sel)
+            gen_res[layer] = (X[:k], y[:k], X[k:], y[k:])
+        return gen_res[layer]
+
     memo: dict[str, float] = {}
     max_len = int(prov["config"]["safeguard"]["max_len"])
 
@@ -705,6 +719,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
         fit_readout=fit_readout, budgets={"prompt": prov["config"]["budget_prompt"], "response": prov["config"]["budget_response"]},
         is_benign_traffic=is_benign_traffic, posthoc=posthoc_scores if posthoc else None, keywords=kw_fn,
         extra=extra, extra_cache=ex_cache, encode_extra=encode_extra, views=prompt_views_in,
+        generated_residuals=generated_residuals if with_generated else None,
         groups=eval_groups(drift_bodies(every),
                            read_drift_annotation(drift_annotation) if drift_annotation is not None else None))
     rep: dict[str, Any] = {"artifacts": str(art), "served_layer": served, "layers": use_layers, "dtype": dtype,
@@ -732,7 +747,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
             "note": "read-outs, probes and thresholds refitted without the family; the SAE and the safeguard LoRA "
                     "were not retrained (the LoRA saw the family's select samples); a prompt read-out refitted over the "
                     "monitor's latents also reads the served response gate's latents, chosen with the family in; "
-                    "the dense probes are fitted on the dataset's prompts without the build's generated ones; "
+                    "the prompt gate's dense probe is fitted with the build's generated prompts, as served; "
                     "with_views: refused where the conversation or any of its served views crosses (the served rule)",
             "results": LD.loso(inp, served, families=loso_families)}
     rep["seconds"] = time.time() - t0

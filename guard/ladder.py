@@ -236,6 +236,9 @@ class LadderInputs:
     groups: Callable[[Sample], Sequence[str]] | None = None
     # the served prompt gate's views of the build's prompt samples (leave-one-source-out scores with them too)
     views: PromptViews | None = None
+    # layer -> the build's generated prompts as mean residuals and labels (fitting part, calibration part): the
+    # served prompt probe is fitted with them, and so is leave-one-source-out's
+    generated_residuals: Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] | None = None
 
 
 def run_ladder(inp: LadderInputs, layers: Sequence[int]) -> dict[str, Any]:
@@ -444,7 +447,12 @@ def loso(inp: LadderInputs, layer: int, min_select: int = 20, families: Sequence
                 Xc, _ = residual_features(inp.cache, layer, cal_k)
                 Xg, _ = residual_features(inp.cache, layer, target)
                 Xb, _ = residual_features(inp.cache, layer, bench)
-                p = fit_probe(Xs, y_sel, Xc, y_cal)
+                if gate == "prompt" and inp.generated_residuals is not None:
+                    gs, gys, gc, gyc = inp.generated_residuals(layer)
+                    p = fit_probe(np.vstack([Xs, gs]), np.concatenate([y_sel, gys]), np.vstack([Xc, gc]),
+                                  np.concatenate([y_cal, gyc]))
+                else:
+                    p = fit_probe(Xs, y_sel, Xc, y_cal)
                 pc, pg, pb = p.pooled(Xc), p.pooled(Xg), p.pooled(Xb)
                 r["dense_pooled"] = at_budget(pc, pg, pb)
                 if gate == "prompt":
