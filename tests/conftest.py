@@ -9,7 +9,8 @@ import pytest
 # Never let a test pick up an operator's environment by accident. The compose test's switches are the test
 # run's own (no product setting reads them), and this runs before any test module reads them.
 for k in list(os.environ):
-    if k.startswith("NEXTGUARD_") and k not in ("NEXTGUARD_HOME", "NEXTGUARD_COMPOSE", "NEXTGUARD_COMPOSE_PIP_PORT"):
+    if k.startswith("NEXTGUARD_") and k not in ("NEXTGUARD_HOME", "NEXTGUARD_COMPOSE", "NEXTGUARD_COMPOSE_PIP_PORT",
+                                                 "NEXTGUARD_COMPOSE_PREBUILD"):
         del os.environ[k]
 
 
