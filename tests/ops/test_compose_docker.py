@@ -189,6 +189,7 @@ class Compose:
         return self("logs", "--no-color", "--tail", "60", service, check=False)
 
 
+@pytest.mark.timeout(5400)      # a cold build on a busy 2-core host, as the deployment fixture allows
 @pytest.mark.skipif(os.environ.get("NEXTGUARD_COMPOSE_PREBUILD") != "1",
                     reason="scripts/test.sh's image prebuild runs this, beside the rest of the suite")
 def test_image_prebuild() -> None:
