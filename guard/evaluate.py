@@ -612,18 +612,15 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
     # the served prompt gate's views of the build's prompt samples: leave-one-source-out scores with them as served
     prompt_views_in: LD.PromptViews | None = None
     if loso:
-        owners: list[int] = []
         v_samples: list[Sample] = []
+        of_sample: dict[int, list[int]] = {}
         for i, s in enumerate(every):
             if s.gate == "prompt":
                 for view in prompt_views(s.conv):
-                    owners.append(i)
+                    of_sample.setdefault(i, []).append(len(v_samples))
                     v_samples.append(replace(s, conv=view))
         v_cache = build_cache(model, tok, v_samples, [served], work / "cache" / "eval-views", model_id=lora_id,
                               max_tokens=max_tokens, dtype=dtype)
-        of_sample: dict[int, list[int]] = {}
-        for j, i in enumerate(owners):
-            of_sample.setdefault(i, []).append(j)
 
         def encode_views(layer: int, rows: list[int]) -> Any:
             return encode_cached(v_cache, saes[layer], layer, rows)
