@@ -15,8 +15,10 @@ and ``NEXTGUARD_COMPOSE=0`` leaves them out.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -147,19 +149,50 @@ def build_image() -> float:
 
 
 # -- the deployment -------------------------------------------------------------------------------------------
+def subnets_in_use() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """Every subnet of every network the daemon holds (other projects', leftovers of killed runs)."""
+    ids = sh("docker", "network", "ls", "-q").split()
+    if not ids:
+        return []
+    nets = json.loads(sh("docker", "network", "inspect", *ids))
+    return [ipaddress.ip_network(c["Subnet"], strict=False)
+            for n in nets for c in ((n.get("IPAM") or {}).get("Config") or []) if c.get("Subnet")]
+
+
+def free_internal_subnet(taken: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> str:
+    """A /24 for compose's internal network that overlaps none the daemon holds.
+
+    The compose default is fixed (the gateways' metrics_networks must name it), so a second deployment on the
+    same daemon, or a network Docker gave out of its 172.16.0.0/12 pool, makes ``up`` fail with "Pool
+    overlaps". 10.0.0.0/8 is outside Docker's default address pools; the third octet is drawn at random so two
+    runs starting together rarely draw the same one (``up`` retries on a clash anyway)."""
+    octets = list(range(256))
+    random.shuffle(octets)
+    for third in octets:
+        net = ipaddress.ip_network(f"10.213.{third}.0/24")
+        if not any(net.overlaps(t) for t in taken if t.version == 4):
+            return str(net)
+    raise AssertionError(f"no free /24 in 10.213.0.0/16 for the internal network: {taken}")
+
+
 class Compose:
     """``docker-compose --profile scale`` on the repo's compose file with a ``.env`` made from env.example."""
 
     def __init__(self, workdir: Path) -> None:
         self.dotenv = dotenv_from_example()
         self.ports = {"NEXTGUARD_PORT": free_port(), "NEXTGUARD_LB_PORT": free_port(), "PROMETHEUS_PORT": free_port()}
-        env_file = workdir / ".env"
-        env_file.write_text("".join(f"{k}={v}\n" for k, v in {**self.dotenv, **self.ports, **LOCAL}.items()))
+        self.env_file = workdir / ".env"
+        self.pick_subnet()
         self.base = ["docker-compose", "-p", f"ngtest{os.getpid()}", "-f", str(ROOT / "docker-compose.yml"),
-                     "--env-file", str(env_file), "--profile", "scale"]
+                     "--env-file", str(self.env_file), "--profile", "scale"]
         self.gateway = f"http://127.0.0.1:{self.ports['NEXTGUARD_PORT']}"
         self.lb = f"http://127.0.0.1:{self.ports['NEXTGUARD_LB_PORT']}"
         self.prometheus = f"http://127.0.0.1:{self.ports['PROMETHEUS_PORT']}"
+
+    def pick_subnet(self) -> None:
+        """(Re)write ``.env`` with an internal subnet no network on the daemon overlaps."""
+        self.dotenv["NEXTGUARD_INTERNAL_SUBNET"] = free_internal_subnet(subnets_in_use())
+        self.env_file.write_text("".join(f"{k}={v}\n" for k, v in {**self.dotenv, **self.ports, **LOCAL}.items()))
 
     def __call__(self, *argv: str, timeout: float = 120, check: bool = True) -> str:
         return sh(*self.base, *argv, timeout=timeout, check=check,
@@ -167,7 +200,16 @@ class Compose:
 
     def up(self) -> None:
         # `up` waits for each service_healthy dependency (the gateways load vLLM: minutes on a busy CPU)
-        self("up", "-d", "--no-build", *SERVICES, timeout=1200)
+        for attempt in range(3):
+            try:
+                self("up", "-d", "--no-build", *SERVICES, timeout=1200)
+                break
+            except AssertionError as e:
+                # another run took the drawn subnet between the pick and `up`: draw again
+                if "Pool overlaps" not in str(e) or attempt == 2:
+                    raise
+                self("down", "-v", "--remove-orphans", timeout=300, check=False)
+                self.pick_subnet()
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             if all(self.health(s) in ("healthy", None) for s in SERVICES):
@@ -342,7 +384,7 @@ def test_prometheus_scrapes_the_internal_network_only(deployment: Compose, acme:
     for base in (deployment.lb, deployment.gateway):
         r = httpx.get(f"{base}/metrics", timeout=30)
         assert r.status_code == 404 and "gateway_requests_total" not in r.text, (base, r.status_code)
-    subnet = deployment.dotenv.get("NEXTGUARD_INTERNAL_SUBNET", "172.31.250.0/24")
+    subnet = deployment.dotenv["NEXTGUARD_INTERNAL_SUBNET"]
     prefix = subnet.split("/")[0].rsplit(".", 1)[0] + "."
     deadline = time.monotonic() + 120
     while True:
