@@ -26,6 +26,8 @@ SETS: dict[str, int] = {
     "fresh_benign_edgy_b": 0,
     "fresh_harmful_d": 1,
     "fresh_benign_edgy_c": 0,
+    "fresh_harmful_e": 1,
+    "fresh_benign_edgy_d": 0,
     "everyday": 0,
     "sensitive": 0,
     "structured": 0,

@@ -133,7 +133,8 @@ def _generator_strings() -> list[str]:
 @pytest.mark.parametrize("name,min_n,min_cats", [("fresh_harmful", 190, 10), ("fresh_harmful_b", 90, 11),
                                                  ("fresh_benign_edgy", 190, 9), ("fresh_harmful_c", 110, 11),
                                                  ("fresh_benign_edgy_b", 90, 9), ("fresh_harmful_d", 110, 11),
-                                                 ("fresh_benign_edgy_c", 90, 9)])
+                                                 ("fresh_benign_edgy_c", 90, 9), ("fresh_harmful_e", 110, 11),
+                                                 ("fresh_benign_edgy_d", 90, 9)])
 def test_fresh_sets_format_and_counts(name: str, min_n: int, min_cats: int) -> None:
     rows = load_eval_prompts(name)
     assert len(rows) >= min_n
@@ -162,9 +163,10 @@ def test_no_duplicates_within_or_across_sets() -> None:
         seen[t] = name
 
 
-# The sets written after the prompt gate's edgy refusals had been read request by request: they check a change
-# made while watching the earlier sets, so they must not reword any request of those.
-LATEST = ("fresh_harmful_d", "fresh_benign_edgy_c")
+# The newest pair, written after the prompt gate's edgy refusals (fresh_benign_edgy_c's among them) had been read
+# request by request: it checks a change made while watching the earlier sets, so it must not reword any request
+# of those.
+LATEST = ("fresh_harmful_e", "fresh_benign_edgy_d")
 
 
 def test_the_latest_sets_reword_no_earlier_request() -> None:
