@@ -542,7 +542,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
                     base_model: str | None = None, layers: Sequence[int] | None = None, posthoc: bool = True,
                     loso_families: Sequence[str] | None = None, threads: int = 2,
                     posthoc_n: int | None = 300, drift_annotation: str | Path | None = None,
-                    loso: bool = True) -> dict[str, Any]:
+                    loso: bool = True, loso_min_select: int = 20) -> dict[str, Any]:
     """The ladder per candidate layer, leave-one-source-out at the served layer, and every rung on the
     fresh prompt sets. Reads the build's residual cache from ``work_dir`` (the build's own, by default)
     and builds it where it is missing. Each rung also reports the share it flags of every evaluation group
@@ -746,7 +746,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
                     "monitor's latents also reads the served response gate's latents, chosen with the family in; "
                     "the prompt gate's dense probe is fitted with the build's generated prompts, as served; "
                     "with_views: refused where the conversation or any of its served views crosses (the served rule)",
-            "results": LD.loso(inp, served, families=loso_families)}
+            "results": LD.loso(inp, served, min_select=loso_min_select, families=loso_families)}
     rep["seconds"] = time.time() - t0
     LD.write_report(outp / "ladder.json", rep)
     return rep

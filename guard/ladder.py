@@ -401,9 +401,13 @@ def loso(inp: LadderInputs, layer: int, min_select: int = 20, families: Sequence
     """For each family of unsafe sources with at least ``min_select`` select samples: refit the read-out (and
     the probes) without that family's unsafe samples, threshold at the budget on the calibration split's
     benign traffic, and measure recall on the family's unsafe samples in every split (none seen by the refit)
-    and the test split's benign traffic flagged."""
-    from guard.recipe.selection import head_sample_scores
+    and the test split's benign traffic flagged.
 
+    Where the family also holds benign samples (benign twins of its unsafe requests, its own negatives), a
+    second fit, ``whole_source``, leaves those out too: a source the build never saw at all. The first fit
+    keeps them in the fitting and in the calibration's benign traffic, so it asks something harder: whether
+    the family's unsafe requests are told from benign ones worded the same way that the refit was told are
+    benign. ``whole_source`` adds the share of the family's own benign samples flagged."""
     ev = inp.every
     out: dict[str, Any] = {}
     for gate in GATES:
@@ -416,75 +420,100 @@ def loso(inp: LadderInputs, layer: int, min_select: int = 20, families: Sequence
                 f = source_family(ev[i].source)
                 fams[f] = fams.get(f, 0) + 1
         todo = sorted(f for f, n in fams.items() if n >= min_select and (families is None or f in families))
-        bench = [i for i in tst if inp.is_benign_traffic(ev[i])]
         for fam in todo:
             t = time.time()
 
             def held(i: int, fam: str = fam) -> bool:
                 return bool(ev[i].label) and source_family(ev[i].source) == fam
 
-            sel_k = [i for i in sel if not held(i)]
-            cal_k = [i for i in cal if not held(i)]
+            def in_family(i: int, fam: str = fam) -> bool:
+                return source_family(ev[i].source) == fam
+
             target = [i for i in sel + cal + tst if held(i)]
-            s_sel, s_cal = [ev[i] for i in sel_k], [ev[i] for i in cal_k]
-            bt_cal = np.array([inp.is_benign_traffic(s) for s in s_cal])
-            td_sel, td_cal = inp.encode(layer, sel_k), inp.encode(layer, cal_k)
-            td_tgt, td_ben = inp.encode(layer, target), inp.encode(layer, bench)
-            head, pooling, _ = inp.fit_readout(gate, td_sel, s_sel, td_cal, s_cal)
-            r: dict[str, Any] = {"n_held_out": len(target), "n_select_removed": len(sel) - len(sel_k)}
-
-            def at_budget(sc_cal: np.ndarray, sc_tgt: np.ndarray, sc_ben: np.ndarray, bt_cal: np.ndarray = bt_cal,
-                          gate: str = gate) -> dict[str, float]:
-                thr = C.threshold_at_budget(sc_cal[bt_cal], inp.budgets[gate])
-                return {"recall": flagged(sc_tgt, thr), "benign_traffic_flagged": flagged(sc_ben, thr)}
-
-            ro_c, ro_g, ro_b = (head_sample_scores(td, head, pooling) for td in (td_cal, td_tgt, td_ben))
-            r["sparse_readout"] = at_budget(ro_c, ro_g, ro_b)
-            if probes:
-                y_sel = np.array([s.label for s in s_sel])
-                y_cal = np.array([s.label for s in s_cal])
-                Xs, _ = residual_features(inp.cache, layer, sel_k)
-                Xc, _ = residual_features(inp.cache, layer, cal_k)
-                Xg, _ = residual_features(inp.cache, layer, target)
-                Xb, _ = residual_features(inp.cache, layer, bench)
-                if gate == "prompt" and inp.generated_residuals is not None:
-                    gs, gys, gc, gyc = inp.generated_residuals(layer)
-                    p = fit_probe(np.vstack([Xs, gs]), np.concatenate([y_sel, gys]), np.vstack([Xc, gc]),
-                                  np.concatenate([y_cal, gyc]))
-                else:
-                    p = fit_probe(Xs, y_sel, Xc, y_cal)
-                pc, pg, pb = p.pooled(Xc), p.pooled(Xg), p.pooled(Xb)
-                r["dense_pooled"] = at_budget(pc, pg, pb)
-                if gate == "prompt":
-                    # the prompt gate's sum, both parts fitted without the family
-                    lam = added_weight(ro_c[bt_cal], pc[bt_cal])
-                    r["readout_plus_dense"] = at_budget(ro_c + lam * pc, ro_g + lam * pg, ro_b + lam * pb)
-                q = fit_probe(sae_pooled(td_sel), y_sel, sae_pooled(td_cal), y_cal)
-                r["sae_all_pooled"] = at_budget(q.pooled(sae_pooled(td_cal)), q.pooled(sae_pooled(td_tgt)),
-                                                q.pooled(sae_pooled(td_ben)))
-            if gate == "prompt" and inp.views is not None:
-                # as served: the held-out family's requests and the benign traffic refused where the conversation
-                # or any of its views crosses the threshold set on the conversations (as the build sets it)
-                vw = inp.views
-                (g_rows, g_own), (b_rows, b_own) = vw.rows(target), vw.rows(bench)
-                rows, ng = g_rows + b_rows, len(g_rows)
-                ro_v = (np.asarray(head_sample_scores(vw.encode(layer, rows), head, pooling)) if rows
-                        else np.zeros(0))
-                rv: dict[str, Any] = {"sparse_readout": at_budget(ro_c, max_over_views(ro_g, ro_v[:ng], g_own),
-                                                                  max_over_views(ro_b, ro_v[ng:], b_own))}
-                if probes:
-                    pv = np.asarray(p.pooled(residual_features(vw.cache, layer, rows)[0])) if rows else np.zeros(0)
-                    rv["dense_pooled"] = at_budget(pc, max_over_views(pg, pv[:ng], g_own),
-                                                   max_over_views(pb, pv[ng:], b_own))
-                    sv = ro_v + lam * pv
-                    rv["readout_plus_dense"] = at_budget(ro_c + lam * pc, max_over_views(ro_g + lam * pg, sv[:ng], g_own),
-                                                         max_over_views(ro_b + lam * pb, sv[ng:], b_own))
-                rv["n_held_out_with_views"] = len(set(g_own.tolist()))
-                r["with_views"] = rv
+            bench = [i for i in tst if inp.is_benign_traffic(ev[i])]
+            r = _loso_fit(inp, layer, gate, [i for i in sel if not held(i)], [i for i in cal if not held(i)],
+                          target, bench, probes)
+            r = {"n_held_out": len(target), "n_select_removed": sum(1 for i in sel if held(i)), **r}
+            own_benign = [i for i in sel + cal + tst if in_family(i) and not ev[i].label]
+            if own_benign:
+                w = _loso_fit(inp, layer, gate, [i for i in sel if not in_family(i)],
+                              [i for i in cal if not in_family(i)], target,
+                              [i for i in bench if not in_family(i)], probes, own_benign)
+                r["whole_source"] = {"n_select_removed": sum(1 for i in sel if in_family(i)),
+                                     "n_family_benign": len(own_benign), **w}
             r["seconds"] = time.time() - t
             out[f"{gate}/{fam}"] = r
             log.info("leave-one-source-out %s/%s: %s", gate, fam, json.dumps(r))
     return out
+
+
+def _loso_fit(inp: LadderInputs, layer: int, gate: str, sel_k: list[int], cal_k: list[int], target: list[int],
+              bench: list[int], probes: bool, own_benign: list[int] | None = None) -> dict[str, Any]:
+    """One leave-out fit on ``sel_k`` / ``cal_k``: each rung's recall on ``target`` and benign traffic flagged
+    on ``bench`` at the budget (and, given ``own_benign``, the share of those flagged: ``family_benign_flagged``)."""
+    from guard.recipe.selection import head_sample_scores
+
+    ev = inp.every
+    extra = own_benign or []
+    s_sel, s_cal = [ev[i] for i in sel_k], [ev[i] for i in cal_k]
+    bt_cal = np.array([inp.is_benign_traffic(s) for s in s_cal])
+    thr_budget = inp.budgets[gate]
+    td_sel, td_cal = inp.encode(layer, sel_k), inp.encode(layer, cal_k)
+    td_tgt, td_ben = inp.encode(layer, target), inp.encode(layer, bench + extra)
+    nb = len(bench)
+    head, pooling, _ = inp.fit_readout(gate, td_sel, s_sel, td_cal, s_cal)
+    r: dict[str, Any] = {}
+
+    def at_budget(sc_cal: np.ndarray, sc_tgt: np.ndarray, sc_ben: np.ndarray) -> dict[str, float]:
+        thr = C.threshold_at_budget(sc_cal[bt_cal], thr_budget)
+        got = {"recall": flagged(sc_tgt, thr), "benign_traffic_flagged": flagged(sc_ben[:nb], thr)}
+        if extra:
+            got["family_benign_flagged"] = flagged(sc_ben[nb:], thr)
+        return got
+
+    ro_c, ro_g, ro_b = (np.asarray(head_sample_scores(td, head, pooling)) for td in (td_cal, td_tgt, td_ben))
+    r["sparse_readout"] = at_budget(ro_c, ro_g, ro_b)
+    lam = 0.0
+    if probes:
+        y_sel = np.array([s.label for s in s_sel])
+        y_cal = np.array([s.label for s in s_cal])
+        Xs, _ = residual_features(inp.cache, layer, sel_k)
+        Xc, _ = residual_features(inp.cache, layer, cal_k)
+        Xg, _ = residual_features(inp.cache, layer, target)
+        Xb, _ = residual_features(inp.cache, layer, bench + extra)
+        if gate == "prompt" and inp.generated_residuals is not None:
+            gs, gys, gc, gyc = inp.generated_residuals(layer)
+            p = fit_probe(np.vstack([Xs, gs]), np.concatenate([y_sel, gys]), np.vstack([Xc, gc]),
+                          np.concatenate([y_cal, gyc]))
+        else:
+            p = fit_probe(Xs, y_sel, Xc, y_cal)
+        pc, pg, pb = p.pooled(Xc), p.pooled(Xg), p.pooled(Xb)
+        r["dense_pooled"] = at_budget(pc, pg, pb)
+        if gate == "prompt":
+            # the prompt gate's sum, both parts fitted without the family
+            lam = added_weight(ro_c[bt_cal], pc[bt_cal])
+            r["readout_plus_dense"] = at_budget(ro_c + lam * pc, ro_g + lam * pg, ro_b + lam * pb)
+        q = fit_probe(sae_pooled(td_sel), y_sel, sae_pooled(td_cal), y_cal)
+        r["sae_all_pooled"] = at_budget(q.pooled(sae_pooled(td_cal)), q.pooled(sae_pooled(td_tgt)),
+                                        q.pooled(sae_pooled(td_ben)))
+    if gate == "prompt" and inp.views is not None:
+        # as served: the held-out family's requests and the benign traffic refused where the conversation
+        # or any of its views crosses the threshold set on the conversations (as the build sets it)
+        vw = inp.views
+        (g_rows, g_own), (b_rows, b_own) = vw.rows(target), vw.rows(bench + extra)
+        rows, ng = g_rows + b_rows, len(g_rows)
+        ro_v = np.asarray(head_sample_scores(vw.encode(layer, rows), head, pooling)) if rows else np.zeros(0)
+        rv: dict[str, Any] = {"sparse_readout": at_budget(ro_c, max_over_views(ro_g, ro_v[:ng], g_own),
+                                                          max_over_views(ro_b, ro_v[ng:], b_own))}
+        if probes:
+            pv = np.asarray(p.pooled(residual_features(vw.cache, layer, rows)[0])) if rows else np.zeros(0)
+            rv["dense_pooled"] = at_budget(pc, max_over_views(pg, pv[:ng], g_own), max_over_views(pb, pv[ng:], b_own))
+            sv = ro_v + lam * pv
+            rv["readout_plus_dense"] = at_budget(ro_c + lam * pc, max_over_views(ro_g + lam * pg, sv[:ng], g_own),
+                                                 max_over_views(ro_b + lam * pb, sv[ng:], b_own))
+        rv["n_held_out_with_views"] = len(set(g_own.tolist()))
+        r["with_views"] = rv
+    return r
 
 
 def fresh_prompt_numbers(flags: dict[str, float]) -> dict[str, float]:

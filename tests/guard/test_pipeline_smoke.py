@@ -370,7 +370,9 @@ def test_ladder_runs_on_the_build_cache(built, tmp_path):
     from guard.evaluate import run_ladder_eval
 
     d, prov = built
-    rep = run_ladder_eval(d / "art", tmp_path / "lad", work_dir=d / "work", base_model=str(d / "model"), threads=1)
+    # the tiny build's sources are small: every family with a few select samples is left out in turn
+    rep = run_ladder_eval(d / "art", tmp_path / "lad", work_dir=d / "work", base_model=str(d / "model"), threads=1,
+                          loso_min_select=3)
     lad = rep["ladder"]
     assert set(lad["layers"]) == {"1", "2"}
     rungs = {"dense_pooled", "dense_streamed", "sae_all_pooled", "sae_all_streamed", "sparse_readout", "paper_rule"}
@@ -398,6 +400,13 @@ def test_ladder_runs_on_the_build_cache(built, tmp_path):
             if isinstance(v, dict):
                 assert v["recall"] >= r[rung]["recall"], (key, rung)
                 assert v["benign_traffic_flagged"] >= r[rung]["benign_traffic_flagged"], (key, rung)
+        # a family with benign samples of its own is also left out whole: more removed, its benign scored
+        if "whole_source" in r:
+            w = r["whole_source"]
+            assert w["n_select_removed"] > r["n_select_removed"] and w["n_family_benign"] > 0, key
+            assert 0.0 <= w["sparse_readout"]["family_benign_flagged"] <= 1.0, key
+            assert "family_benign_flagged" not in r["sparse_readout"], key
+    assert any("whole_source" in r for r in rep["leave_one_source_out"]["results"].values())
     assert {"fresh_harmful", "fresh_benign_edgy"} <= set(flags)
     dil = rep["dilution"]
     assert set(dil["refused"]) == {"plain", "tool_message", "assistant_prefill", "split_turns", "filler"}
