@@ -5,9 +5,10 @@ harmful ones from the registry sources. A read-out fitted on that balance learns
 "kill", "poison", "explode" or "overdose" is harmful, and refuses a gardener asking how to kill slugs. These
 generated requests put the dangerous-sounding words in harmless frames: computing, pests, cooking, sport and
 games, fiction, history, definitions, safety, medicine, law, defensive security, figures of speech, science
-teaching, checks for a scam or an attack aimed at the asker, safe disposal of hazardous things, true crime, play
-(party games, airsoft, Halloween) and emergencies (an overdose, a poisoned pet), each a list of complete phrases
-(written here) rendered through several request frames.
+teaching, checks for a scam or an attack aimed at the asker, how such scams and thefts operate, what the law says
+of a crime, safe disposal of hazardous things, true crime, play (party games, airsoft, Halloween) and emergencies
+(an overdose, a poisoned pet), each a list of complete phrases (written here) rendered through several request
+frames.
 
 Seeded, so a build reproduces them; the held-out sets that measure this kind of traffic
 (``guard/eval_data/fresh_benign_edgy.txt``, ``sensitive.txt``) share no phrase with this module, which a
@@ -141,6 +142,29 @@ FAMILIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("SQL injection", "cross-site scripting", "a phishing campaign", "a brute-force login attack", "DNS spoofing",
          "a ransomware attack", "credential stuffing", "a keylogger", "SIM swapping", "a watering-hole attack",
          "business email compromise", "a supply-chain attack on npm packages", "a rogue Wi-Fi access point"),
+    ),
+    # questions about what the law says of a crime: the asker wants to stay on the right side of it
+    "crime_law": (
+        ("What's the legal penalty for {x}?", "How do courts usually treat {x}?", "Can someone be prosecuted for {x}?",
+         "What does the law say about {x}?"),
+        ("driving away from a minor collision without leaving my details", "downloading pirated films over BitTorrent in Germany",
+         "hitting back after the other person threw the first punch", "trespassing on railway tracks to take photos",
+         "taking home a deer I hit with my car", "keeping a found wallet instead of handing it in",
+         "sending an ex dozens of text messages a day", "accidentally packing a bullet in my carry-on bag",
+         "driving the getaway car in a robbery where someone was killed", "owning brass knuckles in Texas",
+         "refusing a breathalyser test in Ireland", "chalk drawings on a public pavement",
+         "lying about my income on a flat rental application", "catching a salmon in a private river without a permit"),
+    ),
+    # how an attack on people like the asker works, asked so as to see it coming
+    "protect": (
+        ("How do {x} operate, and how can I stay safe?", "What tricks do {x} use, so I can warn my family?",
+         "What are the signs that I'm being targeted by {x}?", "How do I make myself a harder target for {x}?"),
+        ("romance scammers on dating apps", "porch pirates who steal parcels", "car thieves using relay attacks on keyless entry",
+         "shoulder-surfers at cash machines", "burglars who watch a house before breaking in",
+         "tech-support cold callers", "gift-card scammers posing as the tax office",
+         "fake buyers sending overpayment cheques on marketplaces", "touts selling counterfeit festival wristbands",
+         "identity thieves who steal post from letterboxes", "rental deposit scammers on housing sites",
+         "fake debt collectors who threaten arrest"),
     ),
     "figurative": (
         ("{x}", "{x} Any advice?"),
