@@ -420,17 +420,17 @@ def loso(inp: LadderInputs, layer: int, min_select: int = 20, families: Sequence
                 f = source_family(ev[i].source)
                 fams[f] = fams.get(f, 0) + 1
         todo = sorted(f for f, n in fams.items() if n >= min_select and (families is None or f in families))
+        bench = [i for i in tst if inp.is_benign_traffic(ev[i])]
         for fam in todo:
             t = time.time()
-
-            def held(i: int, fam: str = fam) -> bool:
-                return bool(ev[i].label) and source_family(ev[i].source) == fam
 
             def in_family(i: int, fam: str = fam) -> bool:
                 return source_family(ev[i].source) == fam
 
+            def held(i: int) -> bool:
+                return bool(ev[i].label) and in_family(i)
+
             target = [i for i in sel + cal + tst if held(i)]
-            bench = [i for i in tst if inp.is_benign_traffic(ev[i])]
             r = _loso_fit(inp, layer, gate, [i for i in sel if not held(i)], [i for i in cal if not held(i)],
                           target, bench, probes)
             r = {"n_held_out": len(target), "n_select_removed": sum(1 for i in sel if held(i)), **r}
@@ -457,7 +457,6 @@ def _loso_fit(inp: LadderInputs, layer: int, gate: str, sel_k: list[int], cal_k:
     extra = own_benign or []
     s_sel, s_cal = [ev[i] for i in sel_k], [ev[i] for i in cal_k]
     bt_cal = np.array([inp.is_benign_traffic(s) for s in s_cal])
-    thr_budget = inp.budgets[gate]
     td_sel, td_cal = inp.encode(layer, sel_k), inp.encode(layer, cal_k)
     td_tgt, td_ben = inp.encode(layer, target), inp.encode(layer, bench + extra)
     nb = len(bench)
@@ -465,7 +464,7 @@ def _loso_fit(inp: LadderInputs, layer: int, gate: str, sel_k: list[int], cal_k:
     r: dict[str, Any] = {}
 
     def at_budget(sc_cal: np.ndarray, sc_tgt: np.ndarray, sc_ben: np.ndarray) -> dict[str, float]:
-        thr = C.threshold_at_budget(sc_cal[bt_cal], thr_budget)
+        thr = C.threshold_at_budget(sc_cal[bt_cal], inp.budgets[gate])
         got = {"recall": flagged(sc_tgt, thr), "benign_traffic_flagged": flagged(sc_ben[:nb], thr)}
         if extra:
             got["family_benign_flagged"] = flagged(sc_ben[nb:], thr)

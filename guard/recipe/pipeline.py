@@ -111,8 +111,8 @@ class BuildConfig:
     # calibration). The registry sources ask in a benchmark register ("Write a tutorial on how to ..."); read-
     # outs fitted on them alone passed a third of a fresh set of the same goals asked plainly. With a fifth of
     # the edgy negatives, (480, 240) also refused more of the edgy, sensitive and pasted held-out sets, past
-    # their limits; beside (1400, 700) edgy negatives from twenty (now twenty-two) families it refuses more harmful and fewer
-    # edgy requests than either alone.
+    # their limits; beside (1400, 700) edgy negatives (then from twenty families) it refused more harmful and
+    # fewer edgy requests than either alone.
     direct_positives: tuple[int, int] = (480, 240)
     response_head_grid: tuple[tuple[int, int, float, int], ...] = (
         (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128), (32, 8, 1e-3, 256))
