@@ -30,6 +30,8 @@ SETS: dict[str, int] = {
     "fresh_benign_edgy_d": 0,
     "fresh_harmful_f": 1,
     "fresh_benign_edgy_e": 0,
+    "fresh_harmful_g": 1,
+    "fresh_benign_edgy_f": 0,
     "everyday": 0,
     "sensitive": 0,
     "structured": 0,
