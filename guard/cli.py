@@ -113,6 +113,16 @@ def _refresh(args: argparse.Namespace) -> int:
     return 0
 
 
+def _probe_depth(args: argparse.Namespace) -> int:
+    from guard.evaluate import run_probe_depth
+
+    rep = run_probe_depth(args.artifacts, args.out, depths=args.depths, base_model=args.base_model,
+                          adapter=args.adapter)
+    sys.stdout.write(json.dumps({layer: {k: r[k] for k in ("mean_pair_balanced_accuracy", "test_balanced_accuracy")}
+                                 for layer, r in rep["depths"].items()}) + "\n")
+    return 0
+
+
 # Sections that other layers add to ``guard eval`` (the gateway registers the everyday streams through a
 # real server): each gets the parsed arguments and the report so far and returns keys to merge in.
 EVAL_EXTENSIONS: list[Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]] = []
@@ -222,6 +232,15 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     e.add_argument("--no-posthoc", action="store_true",
                    help="leave out the safeguard's own post-hoc verdict (it reads the LoRA alone, not the monitor)")
     e.set_defaults(func=_eval)
+    pd = gs.add_parser("probe-depth", help="the prompt gate's dense probe at every depth of the safeguard, on the held-out "
+                                           "prompt sets, with a learning curve: what any linear read of the residual holds")
+    pd.add_argument("--artifacts", default=str(DEFAULT_ARTIFACTS))
+    pd.add_argument("--out", default="guard-eval")
+    pd.add_argument("--base-model", default=None)
+    pd.add_argument("--depths", type=int, nargs="*", default=None, help="layers to probe (default every layer)")
+    pd.add_argument("--adapter", default=None,
+                    help="another LoRA folder to read instead of the build's (a retrained safeguard, before its SAE)")
+    pd.set_defaults(func=_probe_depth)
     if bench_subparsers is not None:
         bg = bench_subparsers.add_parser("guard", help="monitor cost per token and guarded streaming throughput")
         bg.add_argument("--artifacts", default=str(DEFAULT_ARTIFACTS))

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from guard.bundle import MonitorSpec, load_model_for, read_manifest
+from guard.bundle import MonitorSpec, load_model_for, read_manifest, resolve_base_model
 from guard.eval_data import BLOCK_SETS, SETS, load_eval_prompts
 from guard.monitor import GateScorer, score_sequence
 from guard.recipe import calibration as C
@@ -93,16 +93,49 @@ def residual_rows(model: Any, tok: Any, layer: int, samples: Sequence[Sample], m
         ctx = None if gt.context is None else token_span(offs, *gt.context)
         metas.append((ids, span, onset, ctx))
     out: list[Any] = [None] * len(samples)
-    order = sorted(range(len(samples)), key=lambda i: len(metas[i][0]))
-    i = 0
-    while i < len(order):
-        n = max(1, batch_tokens // max(len(metas[order[i]][0]), 1))
-        batch = order[i:i + n]
-        while len(batch) > 1 and max(len(metas[j][0]) for j in batch) * len(batch) > 2 * batch_tokens:
-            batch = batch[:-1]
-        i += len(batch)
+    for batch in _by_length([len(m[0]) for m in metas], batch_tokens):
         for j, r in zip(batch, residuals_at(model, [metas[j][0] for j in batch], [layer]), strict=True):
             out[j] = (r[layer].float(), metas[j][1], metas[j][2], metas[j][3])
+    return out
+
+
+def _by_length(lengths: Sequence[int], batch_tokens: int) -> Iterable[list[int]]:
+    """Sample indices in batches of similar length, each about ``batch_tokens`` tokens (at most twice that)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    i = 0
+    while i < len(order):
+        batch = order[i:i + max(1, batch_tokens // max(lengths[order[i]], 1))]
+        while len(batch) > 1 and max(lengths[j] for j in batch) * len(batch) > 2 * batch_tokens:
+            batch = batch[:-1]
+        i += len(batch)
+        yield batch
+
+
+def mean_residuals(model: Any, tok: Any, layers: Sequence[int], samples: Sequence[Sample], max_tokens: int = 2048,
+                   batch_tokens: int = 6144, norm_ratio: float = 10.0) -> dict[int, np.ndarray]:
+    """Per layer, each sample's mean residual over its scored span, tokens the causal norm filter drops counting
+    as zero: what the prompt gate's probe reads (:mod:`guard.recipe.prompt_probe`), at any depth."""
+    from guard.monitor import causal_norm_mask
+    from guard.recipe.sae import residuals_at
+
+    metas = []
+    for s in samples:
+        ids, _, span, _ = guard_tokens(tok, s)
+        if len(ids) > max_tokens:
+            drop = len(ids) - max_tokens
+            ids, span = ids[drop:], (max(0, span[0] - drop), max(0, span[1] - drop))
+        metas.append((ids, span))
+    out: dict[int, np.ndarray] = {}
+    for batch in _by_length([len(m[0]) for m in metas], batch_tokens):
+        for j, r in zip(batch, residuals_at(model, [metas[j][0] for j in batch], layers), strict=True):
+            a, b = metas[j][1]
+            for layer in layers:
+                R = r[layer].float()
+                if layer not in out:
+                    out[layer] = np.zeros((len(samples), R.shape[1]), dtype=np.float32)
+                if b > a:
+                    kept = causal_norm_mask(R.norm(dim=-1).numpy(), norm_ratio)[a:b]
+                    out[layer][j] = (R.numpy()[a:b] * kept[:, None]).mean(0)
     return out
 
 
@@ -538,6 +571,67 @@ def dilution_numbers(refused: dict[str, list[bool]]) -> dict[str, Any]:
             "n": len(refused.get("plain", []))}
 
 
+def generated_settings(prov: Mapping[str, Any]) -> Any:
+    """The build's preset with the build's own settings for its generated prompts (a build from before they
+    existed had none)."""
+    from guard.recipe.pipeline import PRESETS
+
+    conf = prov["config"]
+    return replace(PRESETS[prov.get("preset", "cpu")],
+                   structured_negatives=tuple(conf.get("structured_negatives", (0, 0))),
+                   edgy_negatives=tuple(conf.get("edgy_negatives", (0, 0))),
+                   direct_positives=tuple(conf.get("direct_positives", (0, 0))))
+
+
+def run_probe_depth(artifacts: str | Path, out: str | Path, depths: Sequence[int] | None = None,
+                    base_model: str | None = None, threads: int = 2, adapter: str | Path | None = None
+                    ) -> dict[str, Any]:
+    """The prompt gate's dense probe at each depth of the monitored safeguard (every layer by default), fitted
+    and calibrated on the prompts the served gate was (the dataset's and the build's generated ones), scored on
+    the test split and every held-out prompt set at the budget's threshold, with a learning curve at the served
+    layer (:func:`guard.ladder.probe_by_depth`). ``adapter``: another LoRA folder to read instead of the build's,
+    to measure what a retrained safeguard would give the probe before rebuilding the SAE and read-outs on it.
+    Conversations are scored whole (the served gate's views are not added). Writes ``probe-depth.json``."""
+    import torch
+
+    from guard import ladder as LD
+    from guard.hardware import build_dtype
+    from guard.recipe.pipeline import budget_threshold
+    from guard.recipe.prompt_probe import prompt_samples
+    from guard.runner import decoder_layers, load_guard_model
+
+    torch.set_num_threads(threads)
+    t0 = time.time()
+    art, outp = Path(artifacts), Path(out)
+    outp.mkdir(parents=True, exist_ok=True)
+    man = read_manifest(art)
+    prov = json.loads((art / "provenance.json").read_text())
+    dtype = build_dtype(prov.get("dtype", man.get("dtype", "float32")))
+    lora = Path(adapter) if adapter is not None else art / str(man["adapter"])
+    model, tok = load_guard_model(resolve_base_model(base_model or man["base_model"]), lora, dtype=dtype)
+    n_layers = len(decoder_layers(model))
+    layers = sorted(set(depths)) if depths else list(range(n_layers))
+    if bad := [x for x in layers if not 0 <= x < n_layers]:
+        raise ValueError(f"depths {bad} are outside the safeguard's {n_layers} layers")
+    parts = load_build_data(art)
+    sel, cal = prompt_samples(parts, generated_settings(prov))
+    tst = [s for s in parts["test"] if s.gate == "prompt"]
+    extra = extra_prompt_sets()
+    groups = {"select": sel, "calib": cal, "test": tst, **extra}
+    max_tokens = int(prov["config"]["max_tokens"])
+    feats = {k: mean_residuals(model, tok, layers, v, max_tokens=max_tokens) for k, v in groups.items()}
+    labels = {k: np.array([s.label for s in v]) for k, v in groups.items()}
+    budget = float(prov["config"]["budget_prompt"])
+    served = int(man["layer"])
+    rep = LD.probe_by_depth(lambda part, layer: feats[part][layer], labels,
+                            lambda sc: budget_threshold(sc, cal, budget)[0], list(extra), layers,
+                            curve_layer=served if served in layers else None)
+    rep.update({"artifacts": str(art), "adapter": str(lora), "served_layer": served, "dtype": dtype, "budget": budget,
+                "n": {k: len(v) for k, v in groups.items()}, "seconds": time.time() - t0})
+    LD.write_report(outp / "probe-depth.json", rep)
+    return rep
+
+
 def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path | None = None,
                     base_model: str | None = None, layers: Sequence[int] | None = None, posthoc: bool = True,
                     loso_families: Sequence[str] | None = None, threads: int = 2,
@@ -629,10 +723,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
 
     spec = MonitorSpec.load(art / "monitors" / "lora", "lora")
     cfg = PRESETS[preset]
-    # the build's own settings for its generated prompts (a build from before they existed had none)
-    bcfg = replace(cfg, structured_negatives=tuple(prov["config"].get("structured_negatives", (0, 0))),
-                   edgy_negatives=tuple(prov["config"].get("edgy_negatives", (0, 0))),
-                   direct_positives=tuple(prov["config"].get("direct_positives", (0, 0))))
+    bcfg = generated_settings(prov)
     with_generated = has_generated(bcfg)
 
     # the latents of the served response gate (overall, per category, reference rule), for a prompt read-out

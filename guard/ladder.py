@@ -515,6 +515,55 @@ def _loso_fit(inp: LadderInputs, layer: int, gate: str, sel_k: list[int], cal_k:
     return r
 
 
+def mean_pair_accuracy(fresh: Mapping[str, float]) -> float | None:
+    """The mean balanced accuracy over the fresh harmful/edgy pairs in ``fresh`` (:func:`fresh_prompt_numbers`)."""
+    bas = [v for k, v in fresh.items() if k.startswith("balanced_accuracy") and "_vs_edgy" in k]
+    return float(np.mean(bas)) if bas else None
+
+
+def probe_by_depth(features: Callable[[str, int], np.ndarray], labels: Mapping[str, np.ndarray],
+                   threshold_at: Callable[[np.ndarray], float], extra: Sequence[str], depths: Sequence[int],
+                   curve_layer: int | None = None, fractions: Sequence[float] = (0.25, 0.5, 0.75), draws: int = 2,
+                   seed: int = 0) -> dict[str, Any]:
+    """The prompt gate's dense probe (:func:`fit_probe` on each request's mean residual) at each depth of the
+    safeguard, not only the layers an SAE was trained at: how much of the signal any linear read of the residual
+    holds, which bounds every read-out below it. ``features(part, layer)``: the mean residuals of ``part``
+    ("select", "calib", "test" or a name in ``extra``); ``labels[part]``; ``threshold_at(calibration scores)``:
+    the budget's threshold. With ``curve_layer``, also a learning curve there: the probe refitted on random
+    ``fractions`` of the select split (``draws`` each), to tell whether more of the same data would still help."""
+    rng = np.random.default_rng(seed)
+
+    def numbers(p: LinearProbe, layer: int) -> dict[str, Any]:
+        sc_cal = p.pooled(features("calib", layer))
+        thr = threshold_at(sc_cal)
+        out: dict[str, Any] = {"C": p.C, "threshold": float(thr),
+                               "calib_average_precision": C.average_precision(sc_cal, labels["calib"])}
+        for part, sc in (("calib", sc_cal), ("test", p.pooled(features("test", layer)))):
+            f, y = sc > thr, labels[part] == 1
+            out[f"{part}_balanced_accuracy"] = 0.5 * (float(f[y].mean()) + 1.0 - float(f[~y].mean()))
+        flags = {name: flagged(p.pooled(features(name, layer)), thr) for name in extra}
+        out["flagged"] = flags
+        out["fresh"] = fresh_prompt_numbers(flags)
+        out["mean_pair_balanced_accuracy"] = mean_pair_accuracy(out["fresh"])
+        return out
+
+    rep: dict[str, Any] = {"depths": {}}
+    for layer in depths:
+        rep["depths"][str(layer)] = numbers(
+            fit_probe(features("select", layer), labels["select"], features("calib", layer), labels["calib"]), layer)
+        log.info("probe at depth %d: mean pair balanced accuracy %s", layer, rep["depths"][str(layer)]["mean_pair_balanced_accuracy"])
+    if curve_layer is not None:
+        X, y = features("select", curve_layer), labels["select"]
+        curve = []
+        for frac in fractions:
+            for draw in range(draws):
+                keep = rng.random(len(y)) < frac
+                r = numbers(fit_probe(X[keep], y[keep], features("calib", curve_layer), labels["calib"]), curve_layer)
+                curve.append({"fraction": frac, "draw": draw, "n_select": int(keep.sum()), **r})
+        rep["learning_curve"] = {"layer": curve_layer, "points": curve}
+    return rep
+
+
 def fresh_prompt_numbers(flags: dict[str, float]) -> dict[str, float]:
     """The prompt-gate targets on the freshly written sets: recall on direct harmful requests (both sets),
     edgy-but-benign and everyday prompts refused, and the balanced accuracy of harmful vs benign prompts."""

@@ -413,6 +413,28 @@ def test_ladder_runs_on_the_build_cache(built, tmp_path):
     assert dil["n"] >= 100 and all(0.0 <= v <= 1.0 for v in dil["refused"].values())
 
 
+def test_probe_depth_reads_every_layer_of_the_safeguard(built, tmp_path):
+    """The dense prompt probe at every depth of the tiny safeguard, scored on the held-out prompt sets at the
+    budget's threshold, with a learning curve at the served layer; a depth the network lacks is refused."""
+    from guard.evaluate import run_probe_depth
+
+    d, prov = built
+    n_layers = json.loads((d / "model" / "config.json").read_text())["num_hidden_layers"]
+    rep = run_probe_depth(d / "art", tmp_path / "pd", base_model=str(d / "model"), threads=1)
+    assert set(rep["depths"]) == {str(i) for i in range(n_layers)}
+    for r in rep["depths"].values():
+        assert 0.0 <= r["test_balanced_accuracy"] <= 1.0 and 0.0 <= r["calib_average_precision"] <= 1.0
+        assert {"everyday", "sensitive", "fresh_harmful", "fresh_benign_edgy"} <= set(r["flagged"])
+        assert r["fresh"]["balanced_accuracy_vs_edgy"] == pytest.approx(
+            0.5 * (r["flagged"]["fresh_harmful"] + 1.0 - r["flagged"]["fresh_benign_edgy"]))
+    curve = rep["learning_curve"]
+    assert curve["layer"] == prov["layer"] and len(curve["points"]) == 6
+    assert all(p["n_select"] < rep["n"]["select"] for p in curve["points"])
+    assert (tmp_path / "pd" / "probe-depth.json").is_file()
+    with pytest.raises(ValueError, match="outside"):
+        run_probe_depth(d / "art", tmp_path / "pd", depths=[n_layers], base_model=str(d / "model"), threads=1)
+
+
 def test_views_raise_a_score_to_its_highest_view():
     import numpy as np
 

@@ -160,3 +160,35 @@ def test_fit_adds_a_probe_that_holds_the_budget_and_scores_as_served():
     assert again.encoder.columns == [3, 7, 11, -1, -2] and again.gates["prompt"].threshold == pytest.approx(g.threshold)
     with pytest.raises(ValueError, match="prompt samples only"):
         fit_prompt_probe(spec, rows, sel + [Sample(user("q"), "a", 0, None, "generator/benign/x", "z")], cal, 0.05)
+
+
+def test_probe_by_depth_finds_the_layer_that_holds_the_signal():
+    """Of two depths, only the one whose features carry the label reads the held-out sets; the learning curve
+    refits on fewer select samples and is scored like the full fit."""
+    from guard.ladder import probe_by_depth
+
+    # a seed other than the ladder's own, whose draws pick the learning curve's samples
+    rng = np.random.default_rng(7)
+    parts = {"select": 400, "calib": 200, "test": 200, "fresh_harmful": 60, "fresh_benign_edgy": 60}
+    labels = {k: (rng.random(n) < 0.5).astype(int) for k, n in parts.items()}
+    labels["fresh_harmful"][:] = 1
+    labels["fresh_benign_edgy"][:] = 0
+    feats = {}
+    for k, y in labels.items():
+        signal = rng.normal(size=(len(y), 8))
+        signal[:, 0] += 3.0 * (2 * y - 1)
+        feats[k] = {0: rng.normal(size=(len(y), 8)), 1: signal}
+
+    def threshold_at(sc):
+        benign = sc[labels["calib"] == 0]
+        return float(np.quantile(benign, 0.98))
+
+    rep = probe_by_depth(lambda part, layer: feats[part][layer], labels, threshold_at,
+                         ["fresh_harmful", "fresh_benign_edgy"], [0, 1], curve_layer=1)
+    noise, signal = rep["depths"]["0"], rep["depths"]["1"]
+    assert signal["mean_pair_balanced_accuracy"] > 0.9 > 0.6 > noise["mean_pair_balanced_accuracy"]
+    assert signal["test_balanced_accuracy"] > 0.9 and noise["test_balanced_accuracy"] < 0.6
+    assert signal["flagged"]["fresh_benign_edgy"] <= 0.1
+    points = rep["learning_curve"]["points"]
+    assert [p["fraction"] for p in points] == [0.25, 0.25, 0.5, 0.5, 0.75, 0.75]
+    assert all(p["n_select"] < 400 and p["mean_pair_balanced_accuracy"] > 0.8 for p in points)
