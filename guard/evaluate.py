@@ -619,7 +619,14 @@ def run_probe_depth(artifacts: str | Path, out: str | Path, depths: Sequence[int
     extra = extra_prompt_sets()
     groups = {"select": sel, "calib": cal, "test": tst, **extra}
     max_tokens = int(prov["config"]["max_tokens"])
-    feats = {k: mean_residuals(model, tok, layers, v, max_tokens=max_tokens) for k, v in groups.items()}
+    feats: dict[str, dict[int, np.ndarray]] = {}
+    total, done = sum(len(v) for v in groups.values()), 0
+    for k, v in groups.items():
+        feats[k] = mean_residuals(model, tok, layers, v, max_tokens=max_tokens)
+        done += len(v)
+        el = time.time() - t0
+        log.info("probe-depth: %s read (%d of %d requests, %.0f s; ETA %.0f s)", k, done, total, el,
+                 el / done * (total - done))
     labels = {k: np.array([s.label for s in v]) for k, v in groups.items()}
     budget = float(prov["config"]["budget_prompt"])
     served = int(man["layer"])
