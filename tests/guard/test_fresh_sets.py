@@ -166,8 +166,8 @@ def test_no_duplicates_within_or_across_sets() -> None:
 
 
 # The newest pair, written after the sixth/fifth pair (fresh_harmful_f, fresh_benign_edgy_e) had been scored on two
-# builds: it judges the next change to the prompt gate on requests no choice has seen, so it must not reword any
-# request of the earlier sets.
+# builds, so it must not reword any request of the earlier sets. It has been scored once on the served build: the
+# next change to the prompt gate is judged on a pair written after it, which then takes its place here.
 LATEST = ("fresh_harmful_g", "fresh_benign_edgy_f")
 
 
