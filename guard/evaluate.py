@@ -73,6 +73,16 @@ class Scored:
     onset_token: int | None       # drift streams: first token reaching into the unsafe part
 
 
+def _kept_tokens(tok: Any, s: Sample, max_tokens: int) -> tuple[list[int], list[Any], tuple[int, int], Any]:
+    """:func:`guard_tokens`, a conversation longer than ``max_tokens`` keeping its end, as the guard's context
+    does."""
+    ids, offs, span, gt = guard_tokens(tok, s)
+    if len(ids) > max_tokens:
+        drop = len(ids) - max_tokens
+        ids, offs, span = ids[drop:], offs[drop:], (max(0, span[0] - drop), max(0, span[1] - drop))
+    return ids, offs, span, gt
+
+
 def residual_rows(model: Any, tok: Any, layer: int, samples: Sequence[Sample], max_tokens: int = 2048,
                   batch_tokens: int = 6144) -> list[tuple[Any, tuple[int, int], int | None, tuple[int, int] | None]]:
     """(residual after layer L, scored span, onset token within the span, the answered conversation's span for
@@ -82,10 +92,7 @@ def residual_rows(model: Any, tok: Any, layer: int, samples: Sequence[Sample], m
 
     metas = []
     for s in samples:
-        ids, offs, span, gt = guard_tokens(tok, s)
-        if len(ids) > max_tokens:
-            drop = len(ids) - max_tokens
-            ids, offs, span = ids[drop:], offs[drop:], (max(0, span[0] - drop), max(0, span[1] - drop))
+        ids, offs, span, gt = _kept_tokens(tok, s, max_tokens)
         onset = None
         if s.onset is not None:
             lim = gt.char_start + s.onset
@@ -115,15 +122,12 @@ def mean_residuals(model: Any, tok: Any, layers: Sequence[int], samples: Sequenc
                    batch_tokens: int = 6144, norm_ratio: float = 10.0) -> dict[int, np.ndarray]:
     """Per layer, each sample's mean residual over its scored span, tokens the causal norm filter drops counting
     as zero: what the prompt gate's probe reads (:mod:`guard.recipe.prompt_probe`), at any depth."""
-    from guard.monitor import causal_norm_mask
+    from guard.recipe.prompt_probe import scored_mean
     from guard.recipe.sae import residuals_at
 
     metas = []
     for s in samples:
-        ids, _, span, _ = guard_tokens(tok, s)
-        if len(ids) > max_tokens:
-            drop = len(ids) - max_tokens
-            ids, span = ids[drop:], (max(0, span[0] - drop), max(0, span[1] - drop))
+        ids, _, span, _ = _kept_tokens(tok, s, max_tokens)
         metas.append((ids, span))
     out: dict[int, np.ndarray] = {}
     for batch in _by_length([len(m[0]) for m in metas], batch_tokens):
@@ -133,9 +137,7 @@ def mean_residuals(model: Any, tok: Any, layers: Sequence[int], samples: Sequenc
                 R = r[layer].float()
                 if layer not in out:
                     out[layer] = np.zeros((len(samples), R.shape[1]), dtype=np.float32)
-                if b > a:
-                    kept = causal_norm_mask(R.norm(dim=-1).numpy(), norm_ratio)[a:b]
-                    out[layer][j] = (R.numpy()[a:b] * kept[:, None]).mean(0)
+                out[layer][j] = scored_mean(R, (a, b), norm_ratio)
     return out
 
 

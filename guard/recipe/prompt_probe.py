@@ -65,10 +65,18 @@ def _features(spec: MonitorSpec, rows: list[tuple[Any, tuple[int, int]]], norm_r
         norms = resid.norm(dim=-1).numpy()
         acts = spec.encoder.encode(resid).numpy()
         ro[i] = score_sequence(readout, acts, norms, (s, e), norm_ratio=norm_ratio).score
-        if e > s:
-            kept = causal_norm_mask(norms, norm_ratio)[s:e]
-            X[i] = (resid.numpy()[s:e] * kept[:, None]).mean(0)
+        X[i] = scored_mean(resid, (s, e), norm_ratio)
     return X, ro
+
+
+def scored_mean(resid: Any, span: tuple[int, int], norm_ratio: float = 10.0) -> np.ndarray:
+    """The probe's input for one request: its mean residual over the scored span, tokens the causal norm filter
+    drops counting as zero, as the gate pools them (zeros for an empty span)."""
+    s, e = span
+    if e <= s:
+        return np.zeros(int(resid.shape[1]), dtype=np.float32)
+    kept = causal_norm_mask(resid.norm(dim=-1).numpy(), norm_ratio)[s:e]
+    return (resid.numpy()[s:e] * kept[:, None]).mean(0)
 
 
 def fit_prompt_probe(spec: MonitorSpec, rows: Rows, sel: Sequence[Sample], cal: Sequence[Sample], budget: float
