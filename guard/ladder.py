@@ -585,7 +585,8 @@ def fresh_prompt_numbers(flags: dict[str, float]) -> dict[str, float]:
     # change aimed at the refusals of the second edgy set (which had been read request by request); the fifth and
     # fourth before any change made after the third edgy set's refusals had been read; the sixth and fifth after
     # the fifth and fourth had been used to choose between two builds; the seventh and sixth after the sixth and
-    # fifth had been scored on two builds, before the next change to the prompt gate
+    # fifth had been scored on two builds; the eighth and seventh after the seventh and sixth had been scored once
+    # on the served build, before the next change to the prompt gate
     for (hk, ek), (hn, en, ban) in ((("fresh_harmful_c", "fresh_benign_edgy_b"),
                                       ("harmful_c_refused", "edgy_benign_b_refused", "balanced_accuracy_c_vs_edgy_b")),
                                      (("fresh_harmful_d", "fresh_benign_edgy_c"),
@@ -595,7 +596,9 @@ def fresh_prompt_numbers(flags: dict[str, float]) -> dict[str, float]:
                                      (("fresh_harmful_f", "fresh_benign_edgy_e"),
                                       ("harmful_f_refused", "edgy_benign_e_refused", "balanced_accuracy_f_vs_edgy_e")),
                                      (("fresh_harmful_g", "fresh_benign_edgy_f"),
-                                      ("harmful_g_refused", "edgy_benign_f_refused", "balanced_accuracy_g_vs_edgy_f"))):
+                                      ("harmful_g_refused", "edgy_benign_f_refused", "balanced_accuracy_g_vs_edgy_f")),
+                                     (("fresh_harmful_h", "fresh_benign_edgy_g"),
+                                      ("harmful_h_refused", "edgy_benign_g_refused", "balanced_accuracy_h_vs_edgy_g"))):
         hx, ex = flags.get(hk), flags.get(ek)
         if hx is not None:
             out[hn] = hx

@@ -32,6 +32,8 @@ SETS: dict[str, int] = {
     "fresh_benign_edgy_e": 0,
     "fresh_harmful_g": 1,
     "fresh_benign_edgy_f": 0,
+    "fresh_harmful_h": 1,
+    "fresh_benign_edgy_g": 0,
     "everyday": 0,
     "sensitive": 0,
     "structured": 0,

@@ -136,7 +136,8 @@ def _generator_strings() -> list[str]:
                                                  ("fresh_benign_edgy_c", 90, 9), ("fresh_harmful_e", 110, 11),
                                                  ("fresh_benign_edgy_d", 90, 9), ("fresh_harmful_f", 110, 11),
                                                  ("fresh_benign_edgy_e", 90, 9), ("fresh_harmful_g", 110, 11),
-                                                 ("fresh_benign_edgy_f", 90, 9)])
+                                                 ("fresh_benign_edgy_f", 90, 9), ("fresh_harmful_h", 110, 11),
+                                                 ("fresh_benign_edgy_g", 90, 9)])
 def test_fresh_sets_format_and_counts(name: str, min_n: int, min_cats: int) -> None:
     rows = load_eval_prompts(name)
     assert len(rows) >= min_n
@@ -165,10 +166,10 @@ def test_no_duplicates_within_or_across_sets() -> None:
         seen[t] = name
 
 
-# The newest pair, written after the sixth/fifth pair (fresh_harmful_f, fresh_benign_edgy_e) had been scored on two
-# builds, so it must not reword any request of the earlier sets. It has been scored once on the served build: the
-# next change to the prompt gate is judged on a pair written after it, which then takes its place here.
-LATEST = ("fresh_harmful_g", "fresh_benign_edgy_f")
+# The newest pair, written after the seventh/sixth pair (fresh_harmful_g, fresh_benign_edgy_f) had been scored once
+# on the served build: it judges the next change to the prompt gate on requests no choice has seen, so it must not
+# reword any request of the earlier sets.
+LATEST = ("fresh_harmful_h", "fresh_benign_edgy_g")
 
 
 def test_the_latest_sets_reword_no_earlier_request() -> None:
