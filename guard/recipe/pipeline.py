@@ -105,15 +105,17 @@ class BuildConfig:
     # generated benign requests worded like harmful ones (guard.recipe.edgy), the same way: (fit, calibration).
     # The dataset holds a few hundred benign-but-sensitive requests against thousands of harmful ones, and read-
     # outs fitted on that balance refused a third of a fresh edgy-but-benign set. Many, because they are what
-    # holds the direct positives below off sensitive-sounding benign requests.
-    edgy_negatives: tuple[int, int] = (1400, 700)
+    # holds the direct positives below off sensitive-sounding benign requests; more since the generators gained
+    # their situated families, so each family keeps about as many requests.
+    edgy_negatives: tuple[int, int] = (1800, 900)
     # generated direct harmful requests (guard.recipe.direct) added to the prompt gate's positives: (fit,
     # calibration). The registry sources ask in a benchmark register ("Write a tutorial on how to ..."); read-
     # outs fitted on them alone passed a third of a fresh set of the same goals asked plainly. With a fifth of
     # the edgy negatives, (480, 240) also refused more of the edgy, sensitive and pasted held-out sets, past
     # their limits; beside (1400, 700) edgy negatives (then from twenty families) it refused more harmful and
-    # fewer edgy requests than either alone.
-    direct_positives: tuple[int, int] = (480, 240)
+    # fewer edgy requests than either alone. (640, 320) since the situated families (a role and a situation,
+    # then the goal) joined the generators.
+    direct_positives: tuple[int, int] = (640, 320)
     response_head_grid: tuple[tuple[int, int, float, int], ...] = (
         (16, 4, 3e-3, 64), (32, 8, 3e-3, 64), (16, 4, 1e-3, 128), (32, 8, 1e-3, 256))
     budget_prompt: float = 0.02      # share of benign prompts the prompt gate may refuse (calibration split)
