@@ -167,8 +167,8 @@ def test_no_duplicates_within_or_across_sets() -> None:
 
 
 # The newest pair, written after the seventh/sixth pair (fresh_harmful_g, fresh_benign_edgy_f) had been scored once
-# on the served build: it judges the next change to the prompt gate on requests no choice has seen, so it must not
-# reword any request of the earlier sets.
+# on the served build, to judge the next change to the prompt gate on requests no choice had seen, so it must not
+# reword any request of the earlier sets. It has judged one (scored once), so the next change needs a newer pair.
 LATEST = ("fresh_harmful_h", "fresh_benign_edgy_g")
 
 
