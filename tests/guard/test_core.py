@@ -598,7 +598,7 @@ def test_direct_requests_are_seeded_harmful_split_by_phrase_and_worded_like_the_
     phrases = [x for _, _, xs in FAMILIES.values() for x in xs]
 
     def used(ss):
-        return {x for x in phrases for s in ss if x in s.prompt}
+        return {x for x in phrases for s in ss if x.lower() in s.prompt.lower()}
 
     assert not used(sel) & used(cal)
     assert {s.group.split("/")[2] for s in sel} == set(FAMILIES)
@@ -606,6 +606,12 @@ def test_direct_requests_are_seeded_harmful_split_by_phrase_and_worded_like_the_
     edgy_frames = {f for frames, _ in edgy.FAMILIES.values() for f in frames}
     how = {f for _, frames, _ in FAMILIES.values() for f in frames if not f.startswith(("Write", "Can you write", "Give me"))}
     assert how and how <= edgy_frames
+    # both generators render a share in lower case, drawn alike, so the register carries no label either
+    def lower(ss):
+        return np.mean([s.prompt == s.prompt.lower() for s in ss])
+
+    assert 0.08 < lower(direct_prompts(1000, 7, "select")) < 0.22
+    assert 0.08 < lower(edgy.edgy_prompts(1000, 7, "select")) < 0.22
     # and none duplicates a reserved benchmark request
     assert all(decontaminate([s.prompt for s in sel + cal]))
 
@@ -620,7 +626,7 @@ def test_edgy_requests_are_seeded_benign_and_split_by_phrase():
     phrases = [x for _, xs in FAMILIES.values() for x in xs]
 
     def used(ss):
-        return {x for x in phrases for s in ss if x in s.prompt}
+        return {x for x in phrases for s in ss if x.lower() in s.prompt.lower()}
 
     assert not used(sel) & used(cal)
     # every family shows up in a part, and renderings are distinct until a family runs out
