@@ -7,6 +7,8 @@ where do I put it?"). These generated requests put harmful goals in the plain fr
 (how-to questions, requests to write something), across the harms a gateway must refuse:
 weapons and explosives, attacks on people, terrorism and violent extremism, sexual exploitation of children,
 self-harm, drugs, cybercrime, fraud, hate, harassment, privacy, misinformation, theft and trafficking.
+Some families tell the goal the way people often do, a role and a situation first or a fiction frame around
+it, in the settings and roles of the edgy negatives' own situated requests, so that only the intent differs.
 
 Seeded, so a build reproduces them. Each family's phrases are split by hash between fitting and calibration
 (:func:`guard.recipe.phrasebook.phrase_part`). The held-out sets share no phrase with this module (a test

@@ -7,7 +7,8 @@ generated requests put the dangerous-sounding words in harmless frames: computin
 games, fiction, history, definitions, safety, medicine, law, defensive security, figures of speech, science
 teaching, checks for a scam or an attack aimed at the asker, how such scams and thefts operate, what the law says
 of a crime, safe disposal of hazardous things, true crime, play (party games, airsoft, Halloween) and emergencies
-(an overdose, a poisoned pet), each a list of complete phrases (written here) rendered through several request
+(an overdose, a poisoned pet), protective questions asked from a role (a nurse, a coach, a landlord) and a
+crime writer's plot questions, each a list of complete phrases (written here) rendered through several request
 frames.
 
 Seeded, so a build reproduces them; the held-out sets that measure this kind of traffic
