@@ -586,7 +586,8 @@ def fresh_prompt_numbers(flags: dict[str, float]) -> dict[str, float]:
     # fourth before any change made after the third edgy set's refusals had been read; the sixth and fifth after
     # the fifth and fourth had been used to choose between two builds; the seventh and sixth after the sixth and
     # fifth had been scored on two builds; the eighth and seventh after the seventh and sixth had been scored once
-    # on the served build, before the next change to the prompt gate
+    # on the served build; the ninth and eighth after the eighth and seventh had been scored once on two builds (the
+    # served build and a candidate, which was then served), before the next change to the prompt gate
     for (hk, ek), (hn, en, ban) in ((("fresh_harmful_c", "fresh_benign_edgy_b"),
                                       ("harmful_c_refused", "edgy_benign_b_refused", "balanced_accuracy_c_vs_edgy_b")),
                                      (("fresh_harmful_d", "fresh_benign_edgy_c"),
@@ -598,7 +599,9 @@ def fresh_prompt_numbers(flags: dict[str, float]) -> dict[str, float]:
                                      (("fresh_harmful_g", "fresh_benign_edgy_f"),
                                       ("harmful_g_refused", "edgy_benign_f_refused", "balanced_accuracy_g_vs_edgy_f")),
                                      (("fresh_harmful_h", "fresh_benign_edgy_g"),
-                                      ("harmful_h_refused", "edgy_benign_g_refused", "balanced_accuracy_h_vs_edgy_g"))):
+                                      ("harmful_h_refused", "edgy_benign_g_refused", "balanced_accuracy_h_vs_edgy_g")),
+                                     (("fresh_harmful_i", "fresh_benign_edgy_h"),
+                                      ("harmful_i_refused", "edgy_benign_h_refused", "balanced_accuracy_i_vs_edgy_h"))):
         hx, ex = flags.get(hk), flags.get(ek)
         if hx is not None:
             out[hn] = hx

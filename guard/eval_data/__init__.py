@@ -34,6 +34,8 @@ SETS: dict[str, int] = {
     "fresh_benign_edgy_f": 0,
     "fresh_harmful_h": 1,
     "fresh_benign_edgy_g": 0,
+    "fresh_harmful_i": 1,
+    "fresh_benign_edgy_h": 0,
     "everyday": 0,
     "sensitive": 0,
     "structured": 0,
