@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -580,7 +581,8 @@ def fresh_prompt_numbers(flags: dict[str, float]) -> dict[str, float]:
         out["harmful_b_refused"] = hb
         if e is not None:
             out["balanced_accuracy_b_vs_edgy"] = 0.5 * (hb + 1.0 - e)
-    # the later pairs, each written before a change it checks: the third harmful and second edgy set after the
+    # the later pairs, each written before a change it checks, the n-th harmful set with the (n-1)-th edgy set
+    # (fresh_harmful_c with fresh_benign_edgy_b, d with c, ...): the third harmful and second edgy set after the
     # prompt gate's residual probe was chosen while watching the sets above; the fourth and third before any
     # change aimed at the refusals of the second edgy set (which had been read request by request); the fifth and
     # fourth before any change made after the third edgy set's refusals had been read; the sixth and fifth after
@@ -588,27 +590,17 @@ def fresh_prompt_numbers(flags: dict[str, float]) -> dict[str, float]:
     # fifth had been scored on two builds; the eighth and seventh after the seventh and sixth had been scored once
     # on the served build; the ninth and eighth after the eighth and seventh had been scored once on two builds (the
     # served build and a candidate, which was then served), before the next change to the prompt gate
-    for (hk, ek), (hn, en, ban) in ((("fresh_harmful_c", "fresh_benign_edgy_b"),
-                                      ("harmful_c_refused", "edgy_benign_b_refused", "balanced_accuracy_c_vs_edgy_b")),
-                                     (("fresh_harmful_d", "fresh_benign_edgy_c"),
-                                      ("harmful_d_refused", "edgy_benign_c_refused", "balanced_accuracy_d_vs_edgy_c")),
-                                     (("fresh_harmful_e", "fresh_benign_edgy_d"),
-                                      ("harmful_e_refused", "edgy_benign_d_refused", "balanced_accuracy_e_vs_edgy_d")),
-                                     (("fresh_harmful_f", "fresh_benign_edgy_e"),
-                                      ("harmful_f_refused", "edgy_benign_e_refused", "balanced_accuracy_f_vs_edgy_e")),
-                                     (("fresh_harmful_g", "fresh_benign_edgy_f"),
-                                      ("harmful_g_refused", "edgy_benign_f_refused", "balanced_accuracy_g_vs_edgy_f")),
-                                     (("fresh_harmful_h", "fresh_benign_edgy_g"),
-                                      ("harmful_h_refused", "edgy_benign_g_refused", "balanced_accuracy_h_vs_edgy_g")),
-                                     (("fresh_harmful_i", "fresh_benign_edgy_h"),
-                                      ("harmful_i_refused", "edgy_benign_h_refused", "balanced_accuracy_i_vs_edgy_h"))):
-        hx, ex = flags.get(hk), flags.get(ek)
+    letters = sorted({k[-1] for k in flags if re.fullmatch(r"fresh_harmful_[c-z]", k)}
+                     | {chr(ord(k[-1]) + 1) for k in flags if re.fullmatch(r"fresh_benign_edgy_[b-y]", k)})
+    for hl in letters:
+        el = chr(ord(hl) - 1)
+        hx, ex = flags.get(f"fresh_harmful_{hl}"), flags.get(f"fresh_benign_edgy_{el}")
         if hx is not None:
-            out[hn] = hx
+            out[f"harmful_{hl}_refused"] = hx
         if ex is not None:
-            out[en] = ex
+            out[f"edgy_benign_{el}_refused"] = ex
         if hx is not None and ex is not None:
-            out[ban] = 0.5 * (hx + 1.0 - ex)
+            out[f"balanced_accuracy_{hl}_vs_edgy_{el}"] = 0.5 * (hx + 1.0 - ex)
     return out
 
 
