@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from guard.bundle import MonitorSpec, load_model_for, read_manifest, resolve_base_model
+from guard.bundle import GateSpec, MonitorSpec, load_model_for, read_manifest, resolve_base_model
 from guard.eval_data import BLOCK_SETS, SETS, load_eval_prompts
 from guard.monitor import GateScorer, score_sequence
 from guard.recipe import calibration as C
@@ -785,6 +785,48 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
             gen_res[layer] = (X[:k], y[:k], X[k:], y[k:])
         return gen_res[layer]
 
+    conf = prov["config"]
+    ctx_grid = [tuple(t) for t in conf.get("response_context_grid", cfg.response_context_grid)]
+    probe_on = bool(conf.get("response_probe", cfg.response_probe))
+
+    def response_as_served(sel_k: list[int], cal_k: list[int], head: Any, pooling: Any) -> Any:
+        """The response gate of a leave-out fold as the build makes it: the fold's read-out, a context term
+        chosen on the fold's calibration answers and a residual probe fitted on its select answers, each at
+        the response budget. The term reads the served prompt read-out (the prompt gate is not refitted)."""
+        from guard.recipe.residual_probe import fit_residual_probe
+        from guard.recipe.response_context import (
+            cache_rows,
+            context_scores,
+            fit_context_term,
+            with_response_gate,
+        )
+
+        sp = spec.gates["prompt"]
+        prompt_gate = replace(sp, probe=None, probe_threshold=None, probe_weight=None)
+        fold = MonitorSpec.from_gates({"prompt": prompt_gate, "response": GateSpec(head, pooling, 0.0)},
+                                      saes[served], "leave-out")
+        budget = cfg.budget_response
+        if ctx_grid:
+            scores = context_scores(fold, cache_rows(cache, served, fold, tok, every, cal_k))
+            fold = with_response_gate(fold, fit_context_term(fold, [every[i] for i in cal_k], scores, budget,
+                                                             ctx_grid)[0])
+        else:
+            # without a term the read-out's own threshold at the budget, as the build sets it
+            sc = np.array([score_sequence(fold.scorer("response"), a, n, span, context_span=c).score
+                           for a, n, span, c in cache_rows(cache, served, fold, tok, every, cal_k)])
+            bt = np.array([is_benign_traffic(every[i]) for i in cal_k])
+            fold = with_response_gate(fold, replace(fold.gates["response"], threshold=C.threshold_at_budget(sc[bt], budget)))
+        if probe_on:
+            fold, _ = fit_residual_probe(fold, cache, served, tok, every, sel_k, cal_k, budget,
+                                         str(conf.get("response_probe_fit", cfg.response_probe_fit)),
+                                         tuple(conf.get("response_probe_c", cfg.response_probe_c)))
+        scorer = fold.scorer("response")
+
+        def cut(idx: list[int]) -> np.ndarray:
+            return np.array([score_sequence(scorer, a, n, span, context_span=c).cut is not None
+                             for a, n, span, c in cache_rows(cache, served, fold, tok, every, idx)], dtype=bool)
+        return cut
+
     memo: dict[str, float] = {}
     max_len = int(prov["config"]["safeguard"]["max_len"])
 
@@ -817,6 +859,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
         is_benign_traffic=is_benign_traffic, posthoc=posthoc_scores if posthoc else None, keywords=kw_fn,
         extra=extra, extra_cache=ex_cache, encode_extra=encode_extra, views=prompt_views_in,
         generated_residuals=generated_residuals if with_generated else None,
+        response_as_served=response_as_served,
         groups=eval_groups(drift_bodies(every),
                            read_drift_annotation(drift_annotation) if drift_annotation is not None else None))
     rep: dict[str, Any] = {"artifacts": str(art), "served_layer": served, "layers": use_layers, "dtype": dtype,

@@ -240,6 +240,10 @@ class LadderInputs:
     # layer -> the build's generated prompts as mean residuals and labels (fitting part, calibration part): the
     # served prompt probe is fitted with them, and so is leave-one-source-out's
     generated_residuals: Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] | None = None
+    # the response gate as served, refitted on a leave-out fold: (select indices, calibration indices, the fold's
+    # read-out, its pooling) -> a function of cache indices that says which answers the gate cuts. The build adds
+    # a context term and a residual probe to the read-out; without them a leave-out measures a rung, not the gate
+    response_as_served: Callable[[list[int], list[int], Any, Any], Callable[[list[int]], np.ndarray]] | None = None
 
 
 def run_ladder(inp: LadderInputs, layers: Sequence[int]) -> dict[str, Any]:
@@ -450,8 +454,10 @@ def loso(inp: LadderInputs, layer: int, min_select: int = 20, families: Sequence
 
 def _loso_fit(inp: LadderInputs, layer: int, gate: str, sel_k: list[int], cal_k: list[int], target: list[int],
               bench: list[int], probes: bool, own_benign: list[int] | None = None) -> dict[str, Any]:
-    """One leave-out fit on ``sel_k`` / ``cal_k``: each rung's recall on ``target`` and benign traffic flagged
-    on ``bench`` at the budget (and, given ``own_benign``, the share of those flagged: ``family_benign_flagged``)."""
+    """One leave-out fit on ``sel_k`` / ``cal_k``: each rung's recall on ``target``, benign traffic flagged on
+    ``bench`` at the budget and the balanced accuracy of the two (and, given ``own_benign``, the share of those
+    flagged, ``family_benign_flagged``, and the balanced accuracy against them); for the response gate, also the
+    gate as served (``as_served``: the fold's read-out with its own context term and residual probe)."""
     from guard.recipe.selection import head_sample_scores
 
     ev = inp.every
@@ -464,12 +470,20 @@ def _loso_fit(inp: LadderInputs, layer: int, gate: str, sel_k: list[int], cal_k:
     head, pooling, _ = inp.fit_readout(gate, td_sel, s_sel, td_cal, s_cal)
     r: dict[str, Any] = {}
 
+    def rates(f_tgt: np.ndarray, f_ben: np.ndarray) -> dict[str, float]:
+        got = {"recall": float(np.mean(f_tgt)) if len(f_tgt) else 0.0,
+               "benign_traffic_flagged": float(np.mean(f_ben[:nb])) if nb else 0.0}
+        # the target is a balanced accuracy: the held-out unsafe samples against the benign traffic, and, for a
+        # source left out whole, against its own benign samples, which the refit never saw either
+        got["balanced_accuracy"] = 0.5 * (got["recall"] + 1.0 - got["benign_traffic_flagged"])
+        if extra:
+            got["family_benign_flagged"] = float(np.mean(f_ben[nb:]))
+            got["balanced_accuracy_own_benign"] = 0.5 * (got["recall"] + 1.0 - got["family_benign_flagged"])
+        return got
+
     def at_budget(sc_cal: np.ndarray, sc_tgt: np.ndarray, sc_ben: np.ndarray) -> dict[str, float]:
         thr = C.threshold_at_budget(sc_cal[bt_cal], inp.budgets[gate])
-        got = {"recall": flagged(sc_tgt, thr), "benign_traffic_flagged": flagged(sc_ben[:nb], thr)}
-        if extra:
-            got["family_benign_flagged"] = flagged(sc_ben[nb:], thr)
-        return got
+        return rates(np.asarray(sc_tgt) > thr, np.asarray(sc_ben) > thr)
 
     ro_c, ro_g, ro_b = (np.asarray(head_sample_scores(td, head, pooling)) for td in (td_cal, td_tgt, td_ben))
     r["sparse_readout"] = at_budget(ro_c, ro_g, ro_b)
@@ -513,6 +527,9 @@ def _loso_fit(inp: LadderInputs, layer: int, gate: str, sel_k: list[int], cal_k:
                                                  max_over_views(ro_b + lam * pb, sv[ng:], b_own))
         rv["n_held_out_with_views"] = len(set(g_own.tolist()))
         r["with_views"] = rv
+    if gate == "response" and inp.response_as_served is not None:
+        cut = inp.response_as_served(sel_k, cal_k, head, pooling)
+        r["as_served"] = rates(cut(target), cut(bench + extra))
     return r
 
 

@@ -400,13 +400,21 @@ def test_ladder_runs_on_the_build_cache(built, tmp_path):
             if isinstance(v, dict):
                 assert v["recall"] >= r[rung]["recall"], (key, rung)
                 assert v["benign_traffic_flagged"] >= r[rung]["benign_traffic_flagged"], (key, rung)
+        # the response gate is also refitted as the build makes it (read-out, context term, residual probe)
+        assert ("as_served" in r) == key.startswith("response/"), key
+        for rung, v in r.items():
+            if isinstance(v, dict) and "recall" in v:
+                assert v["balanced_accuracy"] == 0.5 * (v["recall"] + 1.0 - v["benign_traffic_flagged"]), (key, rung)
         # a family with benign samples of its own is also left out whole: more removed, its benign scored
         if "whole_source" in r:
             w = r["whole_source"]
             assert w["n_select_removed"] > r["n_select_removed"] and w["n_family_benign"] > 0, key
             assert 0.0 <= w["sparse_readout"]["family_benign_flagged"] <= 1.0, key
+            fb = w["sparse_readout"]
+            assert fb["balanced_accuracy_own_benign"] == 0.5 * (fb["recall"] + 1.0 - fb["family_benign_flagged"]), key
             assert "family_benign_flagged" not in r["sparse_readout"], key
     assert any("whole_source" in r for r in rep["leave_one_source_out"]["results"].values())
+    assert any("as_served" in r for r in rep["leave_one_source_out"]["results"].values())
     assert {"fresh_harmful", "fresh_benign_edgy"} <= set(flags)
     dil = rep["dilution"]
     assert set(dil["refused"]) == {"plain", "tool_message", "assistant_prefill", "split_turns", "filler"}
