@@ -117,7 +117,7 @@ def _probe_depth(args: argparse.Namespace) -> int:
     from guard.evaluate import run_probe_depth
 
     rep = run_probe_depth(args.artifacts, args.out, depths=args.depths, base_model=args.base_model,
-                          adapter=args.adapter)
+                          adapter=args.adapter, skip_sets=args.skip_set or ())
     sys.stdout.write(json.dumps({layer: {k: r[k] for k in ("mean_pair_balanced_accuracy", "test_balanced_accuracy")}
                                  for layer, r in rep["depths"].items()}) + "\n")
     return 0
@@ -134,13 +134,14 @@ def _eval(args: argparse.Namespace) -> int:
     from guard.evaluate import run_eval
 
     report = run_eval(args.artifacts, args.out, base_model=args.base_model, monitored=args.monitored,
-                      limit=args.limit, posthoc=not args.no_posthoc, drift_annotation=args.drift_annotation)
+                      limit=args.limit, posthoc=not args.no_posthoc, drift_annotation=args.drift_annotation,
+                      skip_sets=args.skip_set or ())
     if args.ladder:
         from guard.evaluate import run_ladder_eval
 
         lad = run_ladder_eval(args.artifacts, args.out, work_dir=args.work_dir, base_model=args.base_model,
                               layers=args.layers, posthoc=not args.no_posthoc, drift_annotation=args.drift_annotation,
-                              loso=not args.no_loso, loso_families=args.loso_families)
+                              loso=not args.no_loso, loso_families=args.loso_families, skip_sets=args.skip_set or ())
         report["ladder"] = lad
     for ext in EVAL_EXTENSIONS:
         report.update(ext(args, report))
@@ -231,6 +232,9 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     e.add_argument("--everyday-max-tokens", type=int, default=512, help="answer length of the everyday streams")
     e.add_argument("--no-posthoc", action="store_true",
                    help="leave out the safeguard's own post-hoc verdict (it reads the LoRA alone, not the monitor)")
+    e.add_argument("--skip-set", action="append", default=None, metavar="SET",
+                   help="a held-out prompt set this run leaves unscored (repeatable): a blind pair kept for judging a "
+                        "later change")
     e.set_defaults(func=_eval)
     pd = gs.add_parser("probe-depth", help="the prompt gate's dense probe at every depth of the safeguard, on the held-out "
                                            "prompt sets, with a learning curve: what any linear read of the residual holds")
@@ -240,6 +244,9 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     pd.add_argument("--depths", type=int, nargs="*", default=None, help="layers to probe (default every layer)")
     pd.add_argument("--adapter", default=None,
                     help="another LoRA folder to read instead of the build's (a retrained safeguard, before its SAE)")
+    pd.add_argument("--skip-set", action="append", default=None, metavar="SET",
+                    help="a held-out prompt set this run leaves unscored (repeatable): a blind pair kept for judging a "
+                         "later change")
     pd.set_defaults(func=_probe_depth)
     if bench_subparsers is not None:
         bg = bench_subparsers.add_parser("guard", help="monitor cost per token and guarded streaming throughput")

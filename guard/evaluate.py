@@ -21,6 +21,7 @@ The everyday section that streams the served model's answers through the real ga
 
 from __future__ import annotations
 
+import difflib
 import gzip
 import hashlib
 import json
@@ -376,7 +377,7 @@ def profanity_baseline(test: Sequence[Sample], calib: Sequence[Sample], budgets:
 def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = None,
              monitored: Sequence[str] | None = None, limit: int | None = None, posthoc_stream_n: int = 40,
              threads: int = 2, posthoc_n: int | None = 300, posthoc: bool = True,
-             drift_annotation: str | Path | None = None) -> dict[str, Any]:
+             drift_annotation: str | Path | None = None, skip_sets: Sequence[str] = ()) -> dict[str, Any]:
     import torch
 
     from guard.recipe.pipeline import is_benign_traffic
@@ -400,7 +401,7 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
             keep += [idx[i] for i in sorted(rng.choice(len(idx), min(limit, len(idx)), replace=False))]
         test = [test[i] for i in sorted(keep)]
         calib = [calib[i] for i in sorted(rng.choice(len(calib), min(len(calib), 4 * limit), replace=False))]
-    sets = extra_prompt_sets()
+    sets = extra_prompt_sets(skip_sets)
     everyday, sensitive = sets["everyday"], sets["sensitive"]
     # pasted logs, tables, code and lists: everyday traffic of another shape, one entry per multi-line set
     block_sets = {k: sets[k] for k in sorted(BLOCK_SETS) if k in sets}
@@ -535,11 +536,17 @@ def _plots(out: Path, traces: dict[str, list[dict[str, Any]]]) -> None:
 # ------------------------------------------------------------------------------------------------
 # the ladder, leave-one-source-out, and the fresh prompt sets (``guard eval --ladder``)
 
-def extra_prompt_sets() -> dict[str, list[Sample]]:
+def extra_prompt_sets(skip: Iterable[str] = ()) -> dict[str, list[Sample]]:
     """The prompt sets no build step reads (:data:`guard.eval_data.SETS`): everyday and sensitive prompts, the
-    freshly written direct harmful and edgy-but-benign requests, and the pasted structured prompts."""
+    freshly written direct harmful and edgy-but-benign requests, and the pasted structured prompts. ``skip``:
+    sets left unscored, a blind pair kept for judging a later change."""
+    skip = set(skip)
+    if unknown := sorted(skip - set(SETS)):
+        close = {u: difflib.get_close_matches(u, SETS, n=1) for u in unknown}
+        hint = "; ".join(f"{u!r} (did you mean {c[0]!r}?)" if c else repr(u) for u, c in close.items())
+        raise ValueError(f"unknown eval set to skip: {hint}; known sets: {', '.join(SETS)}")
     return {name: [Sample(user(t), None, label, c or None, f"eval/{name}", "eval") for c, t in load_eval_prompts(name)]
-            for name, label in SETS.items()}
+            for name, label in SETS.items() if name not in skip}
 
 
 DILUTION_FILLER = ("so", "well", "you know", "basically", "honestly", "like")
@@ -586,8 +593,8 @@ def generated_settings(prov: Mapping[str, Any]) -> Any:
 
 
 def run_probe_depth(artifacts: str | Path, out: str | Path, depths: Sequence[int] | None = None,
-                    base_model: str | None = None, threads: int = 2, adapter: str | Path | None = None
-                    ) -> dict[str, Any]:
+                    base_model: str | None = None, threads: int = 2, adapter: str | Path | None = None,
+                    skip_sets: Sequence[str] = ()) -> dict[str, Any]:
     """The prompt gate's dense probe at each depth of the monitored safeguard (every layer by default), fitted
     and calibrated on the prompts the served gate was (the dataset's and the build's generated ones), scored on
     the test split and every held-out prompt set at the budget's threshold, with a learning curve at the served
@@ -618,7 +625,7 @@ def run_probe_depth(artifacts: str | Path, out: str | Path, depths: Sequence[int
     parts = load_build_data(art)
     sel, cal = prompt_samples(parts, generated_settings(prov))
     tst = [s for s in parts["test"] if s.gate == "prompt"]
-    extra = extra_prompt_sets()
+    extra = extra_prompt_sets(skip_sets)
     groups = {"select": sel, "calib": cal, "test": tst, **extra}
     max_tokens = int(prov["config"]["max_tokens"])
     feats: dict[str, dict[int, np.ndarray]] = {}
@@ -645,7 +652,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
                     base_model: str | None = None, layers: Sequence[int] | None = None, posthoc: bool = True,
                     loso_families: Sequence[str] | None = None, threads: int = 2,
                     posthoc_n: int | None = 300, drift_annotation: str | Path | None = None,
-                    loso: bool = True, loso_min_select: int = 20) -> dict[str, Any]:
+                    loso: bool = True, loso_min_select: int = 20, skip_sets: Sequence[str] = ()) -> dict[str, Any]:
     """The ladder per candidate layer, leave-one-source-out at the served layer, and every rung on the
     fresh prompt sets. Reads the build's residual cache from ``work_dir`` (the build's own, by default)
     and builds it where it is missing. Each rung also reports the share it flags of every evaluation group
@@ -704,7 +711,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
             full[layer] = encode_cached(cache, saes[layer], layer, list(range(len(every))))
         return full[layer].subset(idx)
 
-    extra = extra_prompt_sets()
+    extra = extra_prompt_sets(skip_sets)
     ex_samples = [s for ss in extra.values() for s in ss]
     ex_cache = build_cache(model, tok, ex_samples, cache_layers, work / "cache" / "eval-extra", model_id=lora_id,
                            max_tokens=max_tokens, dtype=dtype)

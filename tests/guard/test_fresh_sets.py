@@ -252,6 +252,17 @@ def test_loader_rejects_malformed_lines_and_unknown_names(tmp_path: Path) -> Non
         load_eval_prompts("fresh_harmfull")
 
 
+def test_an_evaluation_can_leave_a_blind_pair_unscored() -> None:
+    from guard.evaluate import extra_prompt_sets
+
+    kept = extra_prompt_sets(["fresh_harmful_b", "fresh_benign_edgy"])
+    assert set(kept) == set(SETS) - {"fresh_harmful_b", "fresh_benign_edgy"}
+    assert len(kept["fresh_harmful"]) == len(load_eval_prompts("fresh_harmful"))
+    # a misspelt name fails loudly instead of scoring the set it meant to keep blind
+    with pytest.raises(ValueError, match="did you mean 'fresh_harmful_i'"):
+        extra_prompt_sets(["fresh_harmfull_i"])
+
+
 @pytest.mark.parametrize("name", sorted(BLOCK_SETS))
 def test_structured_sets_hold_multi_line_requests_of_many_families(name: str) -> None:
     rows = load_eval_prompts(name)
