@@ -793,7 +793,8 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
         return gen_res[layer]
 
     conf = prov["config"]
-    ctx_grid = [tuple(t) for t in conf.get("response_context_grid", cfg.response_context_grid)]
+    # a build without a context grid thresholds the read-out alone: the grid's (0, 0) term sets that threshold
+    ctx_grid = [tuple(t) for t in conf.get("response_context_grid", cfg.response_context_grid)] or [(0.0, 0.0)]
     probe_on = bool(conf.get("response_probe", cfg.response_probe))
 
     def response_as_served(sel_k: list[int], cal_k: list[int], head: Any, pooling: Any) -> Any:
@@ -808,21 +809,12 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
             with_response_gate,
         )
 
-        sp = spec.gates["prompt"]
-        prompt_gate = replace(sp, probe=None, probe_threshold=None, probe_weight=None)
+        prompt_gate = replace(spec.gates["prompt"], probe=None, probe_threshold=None, probe_weight=None)
         fold = MonitorSpec.from_gates({"prompt": prompt_gate, "response": GateSpec(head, pooling, 0.0)},
                                       saes[served], "leave-out")
-        budget = cfg.budget_response
-        if ctx_grid:
-            scores = context_scores(fold, cache_rows(cache, served, fold, tok, every, cal_k))
-            fold = with_response_gate(fold, fit_context_term(fold, [every[i] for i in cal_k], scores, budget,
-                                                             ctx_grid)[0])
-        else:
-            # without a term the read-out's own threshold at the budget, as the build sets it
-            sc = np.array([score_sequence(fold.scorer("response"), a, n, span, context_span=c).score
-                           for a, n, span, c in cache_rows(cache, served, fold, tok, every, cal_k)])
-            bt = np.array([is_benign_traffic(every[i]) for i in cal_k])
-            fold = with_response_gate(fold, replace(fold.gates["response"], threshold=C.threshold_at_budget(sc[bt], budget)))
+        budget = float(conf["budget_response"])
+        scores = context_scores(fold, cache_rows(cache, served, fold, tok, every, cal_k))
+        fold = with_response_gate(fold, fit_context_term(fold, [every[i] for i in cal_k], scores, budget, ctx_grid)[0])
         if probe_on:
             fold, _ = fit_residual_probe(fold, cache, served, tok, every, sel_k, cal_k, budget,
                                          str(conf.get("response_probe_fit", cfg.response_probe_fit)),
