@@ -123,6 +123,8 @@ def _probe_depth(args: argparse.Namespace) -> int:
     return 0
 
 
+SKIP_SET_HELP = "a held-out prompt set this run leaves unscored (repeatable): a blind pair kept for judging a later change"
+
 # Sections that other layers add to ``guard eval`` (the gateway registers the everyday streams through a
 # real server): each gets the parsed arguments and the report so far and returns keys to merge in.
 EVAL_EXTENSIONS: list[Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]] = []
@@ -233,8 +235,7 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     e.add_argument("--no-posthoc", action="store_true",
                    help="leave out the safeguard's own post-hoc verdict (it reads the LoRA alone, not the monitor)")
     e.add_argument("--skip-set", action="append", default=None, metavar="SET",
-                   help="a held-out prompt set this run leaves unscored (repeatable): a blind pair kept for judging a "
-                        "later change")
+                   help=SKIP_SET_HELP)
     e.set_defaults(func=_eval)
     pd = gs.add_parser("probe-depth", help="the prompt gate's dense probe at every depth of the safeguard, on the held-out "
                                            "prompt sets, with a learning curve: what any linear read of the residual holds")
@@ -245,8 +246,7 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     pd.add_argument("--adapter", default=None,
                     help="another LoRA folder to read instead of the build's (a retrained safeguard, before its SAE)")
     pd.add_argument("--skip-set", action="append", default=None, metavar="SET",
-                    help="a held-out prompt set this run leaves unscored (repeatable): a blind pair kept for judging a "
-                         "later change")
+                    help=SKIP_SET_HELP)
     pd.set_defaults(func=_probe_depth)
     if bench_subparsers is not None:
         bg = bench_subparsers.add_parser("guard", help="monitor cost per token and guarded streaming throughput")

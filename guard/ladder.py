@@ -173,8 +173,13 @@ def rung_numbers(cal_scores: np.ndarray, cal_benign: np.ndarray, tst_scores: np.
     return out
 
 
+def share(flags: np.ndarray) -> float:
+    """The share of ``flags`` set (0 for none)."""
+    return float(np.mean(flags)) if len(flags) else 0.0
+
+
 def flagged(scores: np.ndarray, thr: float) -> float:
-    return float(np.mean(np.asarray(scores) > thr)) if len(scores) else 0.0
+    return share(np.asarray(scores) > thr)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -471,13 +476,12 @@ def _loso_fit(inp: LadderInputs, layer: int, gate: str, sel_k: list[int], cal_k:
     r: dict[str, Any] = {}
 
     def rates(f_tgt: np.ndarray, f_ben: np.ndarray) -> dict[str, float]:
-        got = {"recall": float(np.mean(f_tgt)) if len(f_tgt) else 0.0,
-               "benign_traffic_flagged": float(np.mean(f_ben[:nb])) if nb else 0.0}
+        got = {"recall": share(f_tgt), "benign_traffic_flagged": share(f_ben[:nb])}
         # the target is a balanced accuracy: the held-out unsafe samples against the benign traffic, and, for a
         # source left out whole, against its own benign samples, which the refit never saw either
         got["balanced_accuracy"] = 0.5 * (got["recall"] + 1.0 - got["benign_traffic_flagged"])
         if extra:
-            got["family_benign_flagged"] = float(np.mean(f_ben[nb:]))
+            got["family_benign_flagged"] = share(f_ben[nb:])
             got["balanced_accuracy_own_benign"] = 0.5 * (got["recall"] + 1.0 - got["family_benign_flagged"])
         return got
 
