@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from guard.ladder import LOSO_PARTS
 from guard.recipe.pipeline import DEFAULT_ARTIFACTS, PRESETS
 
 
@@ -143,7 +144,8 @@ def _eval(args: argparse.Namespace) -> int:
 
         lad = run_ladder_eval(args.artifacts, args.out, work_dir=args.work_dir, base_model=args.base_model,
                               layers=args.layers, posthoc=not args.no_posthoc, drift_annotation=args.drift_annotation,
-                              loso=not args.no_loso, loso_families=args.loso_families, skip_sets=args.skip_set or ())
+                              loso=not args.no_loso, loso_families=args.loso_families, skip_sets=args.skip_set or (),
+                              loso_parts=args.loso_parts)
         report["ladder"] = lad
     for ext in EVAL_EXTENSIONS:
         report.update(ext(args, report))
@@ -226,6 +228,9 @@ def add_subcommands(subparsers: Any, bench_subparsers: Any | None = None) -> Non
     e.add_argument("--loso-families", nargs="*", default=None, metavar="FAMILY",
                    help="leave out only these source families (templates/pair, pyrit/scorer_evals, …; default every "
                         "family with enough select samples)")
+    e.add_argument("--loso-parts", nargs="+", default=list(LOSO_PARTS), choices=LOSO_PARTS,
+                   help="which leave-outs run: each gate refitted on its own (gates), both gates together and "
+                        "scored as a conversation meets them (end_to_end)")
     e.add_argument("--drift-annotation", default=None,
                    help="hand annotation of the test split's drift streams (guard/eval_report/"
                         "drift-test-unsafe-parts-annotated.json): report them apart by whether their unsafe part is "

@@ -36,6 +36,7 @@ import numpy as np
 
 from guard.bundle import GateSpec, MonitorSpec, load_model_for, read_manifest, resolve_base_model
 from guard.eval_data import BLOCK_SETS, SETS, load_eval_prompts
+from guard.ladder import LOSO_PARTS
 from guard.monitor import GateScorer, score_sequence
 from guard.recipe import calibration as C
 from guard.recipe.encode import guard_tokens
@@ -313,6 +314,23 @@ def gate_metrics(samples: Sequence[Sample], scored: Sequence[Scored],
 # ------------------------------------------------------------------------------------------------
 # baselines
 
+def served_end_to_end(samples: Sequence[Sample], scored: Sequence[Scored],
+                      is_benign_traffic: Callable[[Sample], bool]) -> dict[str, Any]:
+    """Both gates as a conversation meets them: of the unsafe answers to unsafe requests, the share whose request
+    the prompt gate refuses or whose answer the response gate cuts; of the benign traffic's answers, the share
+    lost to either (:func:`guard.ladder.end_to_end_numbers`; each answer's request is its prompt sample)."""
+    from guard.ladder import end_to_end_numbers, request_index, unsafe_answers
+
+    req = request_index(samples, lambda s: 0 if is_benign_traffic(s) else 1)
+    hit = np.array([x.cut is not None for x in scored], dtype=bool)
+    answers = [i for i, s in enumerate(samples) if s.gate == "response"]
+
+    def at(idx: list[int]) -> np.ndarray:
+        return hit[np.asarray(idx, dtype=np.int64)]
+    return end_to_end_numbers(unsafe_answers(samples, answers, req),
+                              [i for i in answers if is_benign_traffic(samples[i])], at, at, req)
+
+
 def _posthoc(model: Any, tok: Any, samples: Sequence[Sample], max_len: int) -> np.ndarray:
     from guard.recipe.safeguard import verdict_scores
 
@@ -426,7 +444,8 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
         rows = residual_rows(model, tok, layer, test)
         chosen = {g: spec.scorer(g) for g in ("prompt", "response")}
         sc = with_prompt_views(model, tok, layer, test, score_rows(rows, test, spec, chosen), spec, chosen["prompt"])
-        r: dict[str, Any] = {"test": gate_metrics(test, sc, bodies, annotation)}
+        r: dict[str, Any] = {"test": gate_metrics(test, sc, bodies, annotation),
+                             "end_to_end": served_end_to_end(test, sc, is_benign_traffic)}
         if spec.reference:
             ref_gates = {g: spec.reference_scorer(g) for g in ("prompt", "response")}
             r["reference_rule"] = gate_metrics(test, score_rows(rows, test, spec, ref_gates), bodies, annotation)
@@ -509,7 +528,9 @@ def _headline(r: dict[str, Any]) -> dict[str, Any]:
             "everyday_prompts_flagged": r["everyday_prompts_flagged"], "sensitive_prompts_flagged": r["sensitive_prompts_flagged"],
             **{k: r[k] for n in sorted(BLOCK_SETS) if (k := f"{n}_prompts_flagged") in r},
             **({"fresh": r["fresh"]} if "fresh" in r else {}),
-            **({"dilution_relative_to_plain": r["dilution"]["relative_to_plain"]} if "dilution" in r else {})}
+            **({"dilution_relative_to_plain": r["dilution"]["relative_to_plain"]} if "dilution" in r else {}),
+            **({"end_to_end": {k: r["end_to_end"][k] for k in ("unsafe_stopped", "benign_lost", "balanced_accuracy")}}
+               if "end_to_end" in r else {})}
 
 
 def _plots(out: Path, traces: dict[str, list[dict[str, Any]]]) -> None:
@@ -652,11 +673,13 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
                     base_model: str | None = None, layers: Sequence[int] | None = None, posthoc: bool = True,
                     loso_families: Sequence[str] | None = None, threads: int = 2,
                     posthoc_n: int | None = 300, drift_annotation: str | Path | None = None,
-                    loso: bool = True, loso_min_select: int = 20, skip_sets: Sequence[str] = ()) -> dict[str, Any]:
+                    loso: bool = True, loso_min_select: int = 20, skip_sets: Sequence[str] = (),
+                    loso_parts: Sequence[str] = LOSO_PARTS) -> dict[str, Any]:
     """The ladder per candidate layer, leave-one-source-out at the served layer, and every rung on the
     fresh prompt sets. Reads the build's residual cache from ``work_dir`` (the build's own, by default)
     and builds it where it is missing. Each rung also reports the share it flags of every evaluation group
-    (:func:`eval_groups`; with ``drift_annotation``, the hand-annotated drift streams apart)."""
+    (:func:`eval_groups`; with ``drift_annotation``, the hand-annotated drift streams apart). ``loso_parts``:
+    which leave-outs run, each gate's own (``gates``) and both together (``end_to_end``)."""
     import torch
 
     from guard import ladder as LD
@@ -797,10 +820,10 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
     ctx_grid = [tuple(t) for t in conf.get("response_context_grid", cfg.response_context_grid)] or [(0.0, 0.0)]
     probe_on = bool(conf.get("response_probe", cfg.response_probe))
 
-    def response_as_served(sel_k: list[int], cal_k: list[int], head: Any, pooling: Any) -> Any:
+    def response_as_served(sel_k: list[int], cal_k: list[int], head: Any, pooling: Any, prompt_head: Any = None) -> Any:
         """The response gate of a leave-out fold as the build makes it: the fold's read-out, a context term
         chosen on the fold's calibration answers and a residual probe fitted on its select answers, each at
-        the response budget. The term reads the served prompt read-out (the prompt gate is not refitted)."""
+        the response budget. The term reads ``prompt_head``, the fold's prompt read-out, or else the served one."""
         from guard.recipe.residual_probe import fit_residual_probe
         from guard.recipe.response_context import (
             cache_rows,
@@ -809,7 +832,8 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
             with_response_gate,
         )
 
-        prompt_gate = replace(spec.gates["prompt"], probe=None, probe_threshold=None, probe_weight=None)
+        prompt_gate = replace(spec.gates["prompt"], probe=None, probe_threshold=None, probe_weight=None,
+                              overall=spec.gates["prompt"].overall if prompt_head is None else prompt_head)
         fold = MonitorSpec.from_gates({"prompt": prompt_gate, "response": GateSpec(head, pooling, 0.0)},
                                       saes[served], "leave-out")
         budget = float(conf["budget_response"])
@@ -888,7 +912,15 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
                     "monitor's latents also reads the served response gate's latents, chosen with the family in; "
                     "the prompt gate's dense probe is fitted with the build's generated prompts, as served; "
                     "with_views: refused where the conversation or any of its served views crosses (the served rule)",
-            "results": LD.loso(inp, served, min_select=loso_min_select, families=loso_families)}
+            "results": LD.loso(inp, served, min_select=loso_min_select, families=loso_families)} \
+            if "gates" in loso_parts else None
+        if "end_to_end" in loso_parts:
+            rep["leave_one_source_out_end_to_end"] = {
+                "note": "both gates refitted as served without the family: the prompt gate without its unsafe requests, "
+                        "the response gate without the unsafe answers to them, its context term reading the refitted "
+                        "prompt read-out; stopped = request refused or answer cut (answers in every split), lost = "
+                        "the same over the test split's benign traffic; the SAE and the LoRA as served",
+                "results": LD.loso_end_to_end(inp, served, families=loso_families, min_held=loso_min_select)}
     rep["seconds"] = time.time() - t0
     LD.write_report(outp / "ladder.json", rep)
     return rep

@@ -48,6 +48,8 @@ from guard.recipe.sources import Sample
 log = logging.getLogger(__name__)
 GATES = ("prompt", "response")
 PROBE_C = (0.01, 0.1, 1.0)
+# the leave-outs: each gate refitted on its own, and both together as a conversation meets them
+LOSO_PARTS = ("gates", "end_to_end")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,9 +248,10 @@ class LadderInputs:
     # served prompt probe is fitted with them, and so is leave-one-source-out's
     generated_residuals: Callable[[int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] | None = None
     # the response gate as served, refitted on a leave-out fold: (select indices, calibration indices, the fold's
-    # read-out, its pooling) -> a function of cache indices that says which answers the gate cuts. The build adds
-    # a context term and a residual probe to the read-out; without them a leave-out measures a rung, not the gate
-    response_as_served: Callable[[list[int], list[int], Any, Any], Callable[[list[int]], np.ndarray]] | None = None
+    # read-out, its pooling[, a prompt read-out for the context term to read instead of the served one]) -> a
+    # function of cache indices that says which answers the gate cuts. The build adds a context term and a residual
+    # probe to the read-out; without them a leave-out measures a rung, not the gate
+    response_as_served: Callable[..., Callable[[list[int]], np.ndarray]] | None = None
 
 
 def run_ladder(inp: LadderInputs, layers: Sequence[int]) -> dict[str, Any]:
@@ -535,6 +538,143 @@ def _loso_fit(inp: LadderInputs, layer: int, gate: str, sel_k: list[int], cal_k:
         cut = inp.response_as_served(sel_k, cal_k, head, pooling)
         r["as_served"] = rates(cut(target), cut(bench + extra))
     return r
+
+
+# ------------------------------------------------------------------------------------------------
+# end to end: both gates, as a conversation meets them
+
+def request_index(every: Sequence[Sample], request_label: Callable[[Sample], int]) -> dict[int, int]:
+    """Each answer's request among the prompt samples (answer index -> prompt index): the prompt sample with the
+    same conversation, else one of the answer's group with the same last user message (a request the generator
+    sent with a system message, or the last turn of a conversation), else one of its group labelled
+    ``request_label(answer)``. Answers with none are left out. Splits are drawn by group, so a link never
+    crosses them."""
+    by_conv: dict[str, list[int]] = {}
+    by_group: dict[str, list[int]] = {}
+    for i, s in enumerate(every):
+        if s.gate == "prompt":
+            by_conv.setdefault(json.dumps(s.conv), []).append(i)
+            by_group.setdefault(s.group, []).append(i)
+    out: dict[int, int] = {}
+    for i, s in enumerate(every):
+        if s.gate != "response":
+            continue
+        group = by_group.get(s.group, []) if s.group else []
+        found = (by_conv.get(json.dumps(s.conv)) or [j for j in group if every[j].prompt == s.prompt]
+                 or [j for j in group if every[j].label == request_label(s)])
+        if found:
+            out[i] = found[0]
+    return out
+
+
+def unsafe_answers(every: Sequence[Sample], idx: Sequence[int], req: Mapping[int, int]) -> list[int]:
+    """The answers of ``idx`` that are unsafe and answer an unsafe request (a drift stream answers a benign one)."""
+    return [i for i in idx if every[i].label and i in req and every[req[i]].label]
+
+
+def end_to_end_numbers(unsafe: Sequence[int], benign: Sequence[int], refused: Callable[[list[int]], np.ndarray],
+                       cut: Callable[[list[int]], np.ndarray], req: Mapping[int, int]) -> dict[str, Any]:
+    """The two numbers a gateway is judged by: of the ``unsafe`` answers, the share stopped (the request refused
+    by the prompt gate, or the answer cut by the response gate), and of the ``benign`` ones, the share lost to
+    either. ``refused(prompt indices)`` and ``cut(answer indices)`` say what each gate does; ``req`` links an
+    answer to its request (:func:`request_index`); an answer whose request is not linked counts as one the
+    prompt gate let through."""
+    out: dict[str, Any] = {}
+    for side, idx in (("unsafe", list(unsafe)), ("benign", list(benign))):
+        linked = [k for k, i in enumerate(idx) if i in req]
+        ref = np.zeros(len(idx), dtype=bool)
+        if linked:
+            ref[linked] = refused([req[idx[k]] for k in linked])
+        c = np.asarray(cut(idx), dtype=bool) if idx else np.zeros(0, dtype=bool)
+        out[side] = {"n": len(idx), "n_request_linked": len(linked), "request_refused": share(ref),
+                     "answer_cut": share(c), "either": share(ref | c)}
+    out["unsafe_stopped"] = out["unsafe"]["either"]
+    out["benign_lost"] = out["benign"]["either"]
+    out["balanced_accuracy"] = 0.5 * (out["unsafe_stopped"] + 1.0 - out["benign_lost"])
+    return out
+
+
+def _served_prompt_fold(inp: LadderInputs, layer: int, sel_k: list[int],
+                        cal_k: list[int]) -> tuple[Any, Callable[[list[int]], np.ndarray]]:
+    """The prompt gate as served, refitted on ``sel_k`` / ``cal_k``: the read-out plus the dense probe at its
+    added weight, thresholded at the budget on the calibration split's benign traffic, refusing where the
+    conversation or any of its views crosses. Returns the read-out and which prompt samples it refuses."""
+    from guard.recipe.selection import head_sample_scores
+
+    ev = inp.every
+    s_sel, s_cal = [ev[i] for i in sel_k], [ev[i] for i in cal_k]
+    td_sel, td_cal = inp.encode(layer, sel_k), inp.encode(layer, cal_k)
+    head, pooling, _ = inp.fit_readout("prompt", td_sel, s_sel, td_cal, s_cal)
+    y_sel, y_cal = np.array([s.label for s in s_sel]), np.array([s.label for s in s_cal])
+    Xs, Xc = residual_features(inp.cache, layer, sel_k)[0], residual_features(inp.cache, layer, cal_k)[0]
+    if inp.generated_residuals is not None:
+        gs, gys, gc, gyc = inp.generated_residuals(layer)
+        Xs, y_sel, Xc, y_cal = np.vstack([Xs, gs]), np.concatenate([y_sel, gys]), np.vstack([Xc, gc]), np.concatenate([y_cal, gyc])
+    p = fit_probe(Xs, y_sel, Xc, y_cal)
+    bt = np.array([inp.is_benign_traffic(s) for s in s_cal])
+    ro_c, pc = np.asarray(head_sample_scores(td_cal, head, pooling)), p.pooled(Xc[: len(cal_k)])
+    lam = added_weight(ro_c[bt], pc[bt])
+    thr = C.threshold_at_budget((ro_c + lam * pc)[bt], inp.budgets["prompt"])
+
+    def refused(idx: list[int]) -> np.ndarray:
+        uniq = sorted(set(idx))
+        sc = np.asarray(head_sample_scores(inp.encode(layer, uniq), head, pooling)) \
+            + lam * p.pooled(residual_features(inp.cache, layer, uniq)[0])
+        if inp.views is not None:
+            rows, owner = inp.views.rows(uniq)
+            if rows:
+                vs = np.asarray(head_sample_scores(inp.views.encode(layer, rows), head, pooling)) \
+                    + lam * p.pooled(residual_features(inp.views.cache, layer, rows)[0])
+                sc = max_over_views(sc, vs, owner)
+        at = {i: k for k, i in enumerate(uniq)}
+        return np.array([sc[at[i]] > thr for i in idx], dtype=bool)
+    return head, refused
+
+
+def loso_end_to_end(inp: LadderInputs, layer: int, families: Sequence[str] | None = None,
+                    min_held: int = 20) -> dict[str, Any]:
+    """Leave one source out, end to end. For each family F of unsafe prompt sources with at least ``min_held``
+    unsafe answers whose request is F's (:func:`request_index`): the prompt gate refitted as served without F's
+    unsafe requests (:func:`_served_prompt_fold`), and the response gate refitted as served without the unsafe
+    answers to them, its context term reading the refitted prompt read-out; then the share of those answers, in
+    every split, that either gate stops, and the share of the test split's benign traffic that either loses
+    (:func:`end_to_end_numbers`). ``nothing_left_out``: the same fits on everything, over the test split's
+    unsafe answers, for scale."""
+    if inp.response_as_served is None:
+        raise ValueError("end to end needs the response gate as served (LadderInputs.response_as_served)")
+    ev = inp.every
+    req = request_index(ev, lambda s: 0 if inp.is_benign_traffic(s) else 1)
+
+    def part(split: str, gate: str) -> list[int]:
+        return [i for i in inp.split_idx[split] if ev[i].gate == gate]
+
+    sel_p, cal_p = part("select", "prompt"), part("calib", "prompt")
+    sel_r, cal_r, tst_r = part("select", "response"), part("calib", "response"), part("test", "response")
+    bench = [i for i in tst_r if inp.is_benign_traffic(ev[i])]
+    by_fam: dict[str, list[int]] = {}
+    for i in unsafe_answers(ev, sel_r + cal_r + tst_r, req):
+        by_fam.setdefault(source_family(ev[req[i]].source), []).append(i)
+    todo = sorted(f for f, v in by_fam.items() if len(v) >= min_held and (families is None or f in families))
+    out: dict[str, Any] = {}
+    for fam in [None, *todo]:
+        t = time.time()
+        held = set(by_fam[fam]) if fam is not None else set()
+
+        def kept_prompt(i: int, fam: str | None = fam) -> bool:
+            return not (fam is not None and ev[i].label and source_family(ev[i].source) == fam)
+
+        head, refused = _served_prompt_fold(inp, layer, [i for i in sel_p if kept_prompt(i)],
+                                            [i for i in cal_p if kept_prompt(i)])
+        sel_k, cal_k = [i for i in sel_r if i not in held], [i for i in cal_r if i not in held]
+        r_head, r_pool, _ = inp.fit_readout("response", inp.encode(layer, sel_k), [ev[i] for i in sel_k],
+                                            inp.encode(layer, cal_k), [ev[i] for i in cal_k])
+        cut = inp.response_as_served(sel_k, cal_k, r_head, r_pool, head)
+        target = sorted(held) if fam is not None else unsafe_answers(ev, tst_r, req)
+        r = end_to_end_numbers(target, bench, refused, cut, req)
+        r["seconds"] = time.time() - t
+        out[fam or "nothing_left_out"] = r
+        log.info("end to end, leaving out %s: %s", fam or "nothing", json.dumps(r))
+    return out
 
 
 def mean_pair_accuracy(fresh: Mapping[str, float]) -> float | None:

@@ -113,6 +113,14 @@ def test_eval_and_bench_run(built, tmp_path):
         dil = rep["monitors"][name]["dilution"]
         assert set(dil["refused"]) == {"plain", "tool_message", "assistant_prefill", "split_turns", "filler"}
         assert dil["n"] == rep["n"]["fresh_harmful"] and rep["n"]["dilution_forms"] == 5 * dil["n"]
+        # both gates as a conversation meets them: an answer is stopped by either, and lost to either
+        e2e = rep["monitors"][name]["end_to_end"]
+        for side in ("unsafe", "benign"):
+            s = e2e[side]
+            assert max(s["request_refused"], s["answer_cut"]) <= s["either"] <= s["request_refused"] + s["answer_cut"]
+        assert e2e["benign"]["n"] > 0
+        assert rep["summary"][f"nextguard-{name}"]["end_to_end"]["balanced_accuracy"] == pytest.approx(
+            0.5 * (e2e["unsafe_stopped"] + 1.0 - e2e["benign_lost"]))
     assert "whole_text" in rep["baselines"]["posthoc_verdict"] and "streaming_every_32" in rep["baselines"]["posthoc_verdict"]
     assert "prompt" in rep["baselines"]["profanity"]
     assert (tmp_path / "ev" / "report.json").is_file()
@@ -415,6 +423,16 @@ def test_ladder_runs_on_the_build_cache(built, tmp_path):
             assert "family_benign_flagged" not in r["sparse_readout"], key
     assert any("whole_source" in r for r in rep["leave_one_source_out"]["results"].values())
     assert any("as_served" in r for r in rep["leave_one_source_out"]["results"].values())
+    # end to end: both gates refitted without a family, over the answers to its requests; and with nothing left out
+    e2e = rep["leave_one_source_out_end_to_end"]["results"]
+    assert "nothing_left_out" in e2e and len(e2e) > 1
+    for key, r in e2e.items():
+        for side in ("unsafe", "benign"):
+            s = r[side]
+            assert max(s["request_refused"], s["answer_cut"]) <= s["either"] <= s["request_refused"] + s["answer_cut"]
+        assert r["balanced_accuracy"] == pytest.approx(0.5 * (r["unsafe_stopped"] + 1.0 - r["benign_lost"]))
+        # a held-out answer is one traced to the family's request
+        assert r["unsafe"]["n"] > 0 and (key == "nothing_left_out" or r["unsafe"]["n_request_linked"] == r["unsafe"]["n"])
     assert {"fresh_harmful", "fresh_benign_edgy"} <= set(flags)
     dil = rep["dilution"]
     assert set(dil["refused"]) == {"plain", "tool_message", "assistant_prefill", "split_turns", "filler"}
