@@ -194,6 +194,16 @@ class MonitorSpec:
         return GateScorer(g.overall, self.encoder.columns, thr, g.pooling, g.categories, g.category_thresholds,
                           g.context, g.probe, offset, g.probe_weight)
 
+    def scorer_for_budget(self, gate: str, budget: float) -> GateScorer:
+        """The gate at the threshold that flags at most ``budget`` of the calibration split's benign traffic. A
+        residual probe that triggers on its own is held to the budget on its own, as the build holds it; a probe
+        added to the read-out is part of the score that threshold reads."""
+        g = self.gates[gate]
+        thr = g.threshold_for_budget(budget)
+        if g.probe is not None and g.probe_weight is None:
+            return self.scorer(gate, thr, g.probe_threshold_for_budget(budget))
+        return self.scorer(gate, thr)
+
 
 def load_model_for(artifacts: str | Path, monitored: str, base_model: str | None = None,
                    dtype: str | None = None, device: str = "cpu") -> tuple[Any, Any, int]:

@@ -45,6 +45,8 @@ from guard.text import Conversation, prompt_views, token_span, user
 
 log = logging.getLogger(__name__)
 WITHIN = (16, 32, 128)
+# budgets (share of benign traffic a gate may flag) at which the eval also reports both gates end to end
+END_TO_END_BUDGETS = (0.02, 0.01, 0.005)
 
 
 def load_build_data(artifacts: Path) -> dict[str, list[Sample]]:
@@ -331,6 +333,39 @@ def served_end_to_end(samples: Sequence[Sample], scored: Sequence[Scored],
                               [i for i in answers if is_benign_traffic(samples[i])], at, at, req)
 
 
+def end_to_end_by_budget(samples: Sequence[Sample], rows: Sequence[Any], scored: Sequence[Scored], spec: MonitorSpec,
+                         is_benign_traffic: Callable[[Sample], bool], budgets: Sequence[float]) -> list[dict[str, Any]]:
+    """:func:`served_end_to_end` at every pair of the budgets an operator may set at load time (the share of the
+    calibration split's benign traffic each gate may flag; the service's ``prompt_budget`` and ``response_budget``):
+    what each pair costs in unsafe answers let through and buys in benign conversations kept. ``scored``: the
+    samples as served at the build's budgets (a prompt sample's score is its peak over its views, which decides it
+    at any threshold); ``rows``: their residual rows, on which the response gate is scored again at each budget."""
+    from guard.ladder import end_to_end_numbers, request_index, unsafe_answers
+
+    req = request_index(samples, lambda s: 0 if is_benign_traffic(s) else 1)
+    answers = [i for i, s in enumerate(samples) if s.gate == "response"]
+    unsafe, benign = unsafe_answers(samples, answers, req), [i for i in answers if is_benign_traffic(samples[i])]
+    prompt_scores = np.array([x.score for x in scored], dtype=float)
+    hit = np.zeros(len(samples), dtype=bool)
+
+    def cut(idx: list[int]) -> np.ndarray:
+        return hit[np.asarray(idx, dtype=np.int64)].copy()
+
+    out = []
+    for rb in budgets:
+        cuts = score_rows([rows[i] for i in answers], [samples[i] for i in answers], spec,
+                          {"response": spec.scorer_for_budget("response", rb)})
+        hit[answers] = [x.cut is not None for x in cuts]
+        for pb in budgets:
+            thr = spec.gates["prompt"].threshold_for_budget(pb)
+
+            def refused(idx: list[int], thr: float = thr) -> np.ndarray:
+                return prompt_scores[np.asarray(idx, dtype=np.int64)] > thr
+            out.append({"prompt_budget": pb, "response_budget": rb,
+                        **end_to_end_numbers(unsafe, benign, refused, cut, req)})
+    return out
+
+
 def _posthoc(model: Any, tok: Any, samples: Sequence[Sample], max_len: int) -> np.ndarray:
     from guard.recipe.safeguard import verdict_scores
 
@@ -445,7 +480,10 @@ def run_eval(artifacts: str | Path, out: str | Path, base_model: str | None = No
         chosen = {g: spec.scorer(g) for g in ("prompt", "response")}
         sc = with_prompt_views(model, tok, layer, test, score_rows(rows, test, spec, chosen), spec, chosen["prompt"])
         r: dict[str, Any] = {"test": gate_metrics(test, sc, bodies, annotation),
-                             "end_to_end": served_end_to_end(test, sc, is_benign_traffic)}
+                             "end_to_end": served_end_to_end(test, sc, is_benign_traffic),
+                             "end_to_end_by_budget": end_to_end_by_budget(
+                                 test, rows, sc, spec, is_benign_traffic,
+                                 sorted({*END_TO_END_BUDGETS, budgets["prompt"], budgets["response"]}, reverse=True))}
         if spec.reference:
             ref_gates = {g: spec.reference_scorer(g) for g in ("prompt", "response")}
             r["reference_rule"] = gate_metrics(test, score_rows(rows, test, spec, ref_gates), bodies, annotation)

@@ -269,12 +269,7 @@ class NextGuard:
 
     def _gate(self, gate: str, policy: GuardPolicy) -> GateScorer:
         thr, budget = self._threshold_and_budget(gate, policy)
-        g = self.spec.gates[gate]
-        if g.probe is not None and g.probe_weight is None and budget is not None:
-            # an operator's budget holds for each trigger on its own, as the build's does (a probe added to the
-            # read-out is part of the gate's score, which the budget's threshold already reads)
-            return self.spec.scorer(gate, thr, g.probe_threshold_for_budget(budget))
-        return self.spec.scorer(gate, thr)
+        return self.spec.scorer(gate, thr) if budget is None else self.spec.scorer_for_budget(gate, budget)
 
     def describe_features(self) -> dict[str, Any]:
         """The read-out of every gate: latents with weights, pooling, the calibrated thresholds."""

@@ -91,7 +91,7 @@ def test_eval_and_bench_run(built, tmp_path):
     from guard.bench import run_bench
     from guard.evaluate import run_eval
 
-    d, _ = built
+    d, prov = built
     rep = run_eval(d / "art", tmp_path / "ev", base_model=str(d / "model"), limit=6, posthoc_stream_n=2, threads=1)
     assert set(rep["summary"]) == {"nextguard-lora", "nextguard-base"}
     for name in ("lora", "base"):
@@ -121,6 +121,15 @@ def test_eval_and_bench_run(built, tmp_path):
         assert e2e["benign"]["n"] > 0
         assert rep["summary"][f"nextguard-{name}"]["end_to_end"]["balanced_accuracy"] == pytest.approx(
             0.5 * (e2e["unsafe_stopped"] + 1.0 - e2e["benign_lost"]))
+        # the same at other budgets: at the build's own, exactly the served numbers; a smaller budget flags no more
+        by = {(e["prompt_budget"], e["response_budget"]): e for e in rep["monitors"][name]["end_to_end_by_budget"]}
+        own = by[(prov["config"]["budget_prompt"], prov["config"]["budget_response"])]
+        assert {k: own[k] for k in e2e} == e2e
+        assert (0.005, 0.005) in by
+        for (pb, rb), e in by.items():
+            for side in ("unsafe", "benign"):
+                assert e[side]["request_refused"] <= by[(max(b for b, _ in by), rb)][side]["request_refused"]
+                assert e[side]["answer_cut"] <= by[(pb, max(b for _, b in by))][side]["answer_cut"]
     assert "whole_text" in rep["baselines"]["posthoc_verdict"] and "streaming_every_32" in rep["baselines"]["posthoc_verdict"]
     assert "prompt" in rep["baselines"]["profanity"]
     assert (tmp_path / "ev" / "report.json").is_file()
