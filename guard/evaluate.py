@@ -316,21 +316,30 @@ def gate_metrics(samples: Sequence[Sample], scored: Sequence[Scored],
 # ------------------------------------------------------------------------------------------------
 # baselines
 
+def _answer_sides(samples: Sequence[Sample], is_benign_traffic: Callable[[Sample], bool]
+                  ) -> tuple[dict[int, int], list[int], list[int]]:
+    """Each answer's request (:func:`guard.ladder.request_index`), the unsafe answers to unsafe requests and the
+    benign traffic's answers."""
+    from guard.ladder import request_index, unsafe_answers
+
+    req = request_index(samples, is_benign_traffic)
+    answers = [i for i, s in enumerate(samples) if s.gate == "response"]
+    return req, unsafe_answers(samples, answers, req), [i for i in answers if is_benign_traffic(samples[i])]
+
+
 def served_end_to_end(samples: Sequence[Sample], scored: Sequence[Scored],
                       is_benign_traffic: Callable[[Sample], bool]) -> dict[str, Any]:
     """Both gates as a conversation meets them: of the unsafe answers to unsafe requests, the share whose request
     the prompt gate refuses or whose answer the response gate cuts; of the benign traffic's answers, the share
     lost to either (:func:`guard.ladder.end_to_end_numbers`; each answer's request is its prompt sample)."""
-    from guard.ladder import end_to_end_numbers, request_index, unsafe_answers
+    from guard.ladder import end_to_end_numbers
 
-    req = request_index(samples, lambda s: 0 if is_benign_traffic(s) else 1)
+    req, unsafe, benign = _answer_sides(samples, is_benign_traffic)
     hit = np.array([x.cut is not None for x in scored], dtype=bool)
-    answers = [i for i, s in enumerate(samples) if s.gate == "response"]
 
     def at(idx: list[int]) -> np.ndarray:
         return hit[np.asarray(idx, dtype=np.int64)]
-    return end_to_end_numbers(unsafe_answers(samples, answers, req),
-                              [i for i in answers if is_benign_traffic(samples[i])], at, at, req)
+    return end_to_end_numbers(unsafe, benign, at, at, req)
 
 
 def end_to_end_by_budget(samples: Sequence[Sample], rows: Sequence[Any], scored: Sequence[Scored], spec: MonitorSpec,
@@ -340,11 +349,10 @@ def end_to_end_by_budget(samples: Sequence[Sample], rows: Sequence[Any], scored:
     what each pair costs in unsafe answers let through and buys in benign conversations kept. ``scored``: the
     samples as served at the build's budgets (a prompt sample's score is its peak over its views, which decides it
     at any threshold); ``rows``: their residual rows, on which the response gate is scored again at each budget."""
-    from guard.ladder import end_to_end_numbers, request_index, unsafe_answers
+    from guard.ladder import end_to_end_numbers
 
-    req = request_index(samples, lambda s: 0 if is_benign_traffic(s) else 1)
+    req, unsafe, benign = _answer_sides(samples, is_benign_traffic)
     answers = [i for i, s in enumerate(samples) if s.gate == "response"]
-    unsafe, benign = unsafe_answers(samples, answers, req), [i for i in answers if is_benign_traffic(samples[i])]
     prompt_scores = np.array([x.score for x in scored], dtype=float)
     hit = np.zeros(len(samples), dtype=bool)
 

@@ -543,12 +543,12 @@ def _loso_fit(inp: LadderInputs, layer: int, gate: str, sel_k: list[int], cal_k:
 # ------------------------------------------------------------------------------------------------
 # end to end: both gates, as a conversation meets them
 
-def request_index(every: Sequence[Sample], request_label: Callable[[Sample], int]) -> dict[int, int]:
+def request_index(every: Sequence[Sample], is_benign_traffic: Callable[[Sample], bool]) -> dict[int, int]:
     """Each answer's request among the prompt samples (answer index -> prompt index): the prompt sample with the
     same conversation, else one of the answer's group with the same last user message (a request the generator
-    sent with a system message, or the last turn of a conversation), else one of its group labelled
-    ``request_label(answer)``. Answers with none are left out. Splits are drawn by group, so a link never
-    crosses them."""
+    sent with a system message, or the last turn of a conversation), else one of its group labelled benign where
+    the answer is benign traffic and unsafe where it is not. Answers with none are left out. Splits are drawn by
+    group, so a link never crosses them."""
     by_conv: dict[str, list[int]] = {}
     by_group: dict[str, list[int]] = {}
     for i, s in enumerate(every):
@@ -561,7 +561,7 @@ def request_index(every: Sequence[Sample], request_label: Callable[[Sample], int
             continue
         group = by_group.get(s.group, []) if s.group else []
         found = (by_conv.get(json.dumps(s.conv)) or [j for j in group if every[j].prompt == s.prompt]
-                 or [j for j in group if every[j].label == request_label(s)])
+                 or [j for j in group if every[j].label == (0 if is_benign_traffic(s) else 1)])
         if found:
             out[i] = found[0]
     return out
@@ -643,7 +643,7 @@ def loso_end_to_end(inp: LadderInputs, layer: int, families: Sequence[str] | Non
     if inp.response_as_served is None:
         raise ValueError("end to end needs the response gate as served (LadderInputs.response_as_served)")
     ev = inp.every
-    req = request_index(ev, lambda s: 0 if inp.is_benign_traffic(s) else 1)
+    req = request_index(ev, inp.is_benign_traffic)
 
     def part(split: str, gate: str) -> list[int]:
         return [i for i in inp.split_idx[split] if ev[i].gate == gate]

@@ -31,7 +31,7 @@ def _benign(s: Sample) -> bool:
 
 def test_each_answer_is_traced_to_its_request():
     ev = _samples()
-    req = request_index(ev, lambda s: 0 if _benign(s) else 1)
+    req = request_index(ev, _benign)
     # the same conversation first, then the same last user message, then the group's request of the expected label
     assert req == {1: 0, 2: 0, 4: 3, 5: 3, 8: 6}
     assert unsafe_answers(ev, [1, 2, 4, 5, 8, 9], req) == [1, 8]
@@ -39,7 +39,7 @@ def test_each_answer_is_traced_to_its_request():
 
 def test_an_answer_is_stopped_by_either_gate_and_lost_to_either():
     ev = _samples()
-    req = request_index(ev, lambda s: 0 if _benign(s) else 1)
+    req = request_index(ev, _benign)
     refused_prompts = {6}
     cut_answers = {1, 4}
 
