@@ -314,7 +314,7 @@ def gate_metrics(samples: Sequence[Sample], scored: Sequence[Scored],
 
 
 # ------------------------------------------------------------------------------------------------
-# baselines
+# end to end: both gates as a conversation meets them
 
 def _answer_sides(samples: Sequence[Sample], is_benign_traffic: Callable[[Sample], bool]
                   ) -> tuple[dict[int, int], list[int], list[int]]:
@@ -373,6 +373,9 @@ def end_to_end_by_budget(samples: Sequence[Sample], rows: Sequence[Any], scored:
                         **end_to_end_numbers(unsafe, benign, refused, cut, req)})
     return out
 
+
+# ------------------------------------------------------------------------------------------------
+# baselines
 
 def _posthoc(model: Any, tok: Any, samples: Sequence[Sample], max_len: int) -> np.ndarray:
     from guard.recipe.safeguard import verdict_scores
