@@ -317,14 +317,14 @@ def gate_metrics(samples: Sequence[Sample], scored: Sequence[Scored],
 # end to end: both gates as a conversation meets them
 
 def _answer_sides(samples: Sequence[Sample], is_benign_traffic: Callable[[Sample], bool]
-                  ) -> tuple[dict[int, int], list[int], list[int]]:
-    """Each answer's request (:func:`guard.ladder.request_index`), the unsafe answers to unsafe requests and the
-    benign traffic's answers."""
+                  ) -> tuple[dict[int, int], list[int], list[int], list[int]]:
+    """Each answer's request (:func:`guard.ladder.request_index`), the answers, the unsafe ones to unsafe requests
+    and the benign traffic's."""
     from guard.ladder import request_index, unsafe_answers
 
     req = request_index(samples, is_benign_traffic)
     answers = [i for i, s in enumerate(samples) if s.gate == "response"]
-    return req, unsafe_answers(samples, answers, req), [i for i in answers if is_benign_traffic(samples[i])]
+    return req, answers, unsafe_answers(samples, answers, req), [i for i in answers if is_benign_traffic(samples[i])]
 
 
 def served_end_to_end(samples: Sequence[Sample], scored: Sequence[Scored],
@@ -334,7 +334,7 @@ def served_end_to_end(samples: Sequence[Sample], scored: Sequence[Scored],
     lost to either (:func:`guard.ladder.end_to_end_numbers`; each answer's request is its prompt sample)."""
     from guard.ladder import end_to_end_numbers
 
-    req, unsafe, benign = _answer_sides(samples, is_benign_traffic)
+    req, _, unsafe, benign = _answer_sides(samples, is_benign_traffic)
     hit = np.array([x.cut is not None for x in scored], dtype=bool)
 
     def at(idx: list[int]) -> np.ndarray:
@@ -351,8 +351,7 @@ def end_to_end_by_budget(samples: Sequence[Sample], rows: Sequence[Any], scored:
     at any threshold); ``rows``: their residual rows, on which the response gate is scored again at each budget."""
     from guard.ladder import end_to_end_numbers
 
-    req, unsafe, benign = _answer_sides(samples, is_benign_traffic)
-    answers = [i for i, s in enumerate(samples) if s.gate == "response"]
+    req, answers, unsafe, benign = _answer_sides(samples, is_benign_traffic)
     prompt_scores = np.array([x.score for x in scored], dtype=float)
     hit = np.zeros(len(samples), dtype=bool)
 
@@ -954,22 +953,21 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
         for (f, _), v in zip(forms, sc, strict=True):
             refused.setdefault(f, []).append(bool(v > gate.threshold))
         rep["dilution"] = dilution_numbers(refused)
-    if loso:
+    if loso and "gates" in loso_parts:
         rep["leave_one_source_out"] = {
             "note": "read-outs, probes and thresholds refitted without the family; the SAE and the safeguard LoRA "
                     "were not retrained (the LoRA saw the family's select samples); a prompt read-out refitted over the "
                     "monitor's latents also reads the served response gate's latents, chosen with the family in; "
                     "the prompt gate's dense probe is fitted with the build's generated prompts, as served; "
                     "with_views: refused where the conversation or any of its served views crosses (the served rule)",
-            "results": LD.loso(inp, served, min_select=loso_min_select, families=loso_families)} \
-            if "gates" in loso_parts else None
-        if "end_to_end" in loso_parts:
-            rep["leave_one_source_out_end_to_end"] = {
-                "note": "both gates refitted as served without the family: the prompt gate without its unsafe requests, "
-                        "the response gate without the unsafe answers to them, its context term reading the refitted "
-                        "prompt read-out; stopped = request refused or answer cut (answers in every split), lost = "
-                        "the same over the test split's benign traffic; the SAE and the LoRA as served",
-                "results": LD.loso_end_to_end(inp, served, families=loso_families, min_held=loso_min_select)}
+            "results": LD.loso(inp, served, min_select=loso_min_select, families=loso_families)}
+    if loso and "end_to_end" in loso_parts:
+        rep["leave_one_source_out_end_to_end"] = {
+            "note": "both gates refitted as served without the family: the prompt gate without its unsafe requests, "
+                    "the response gate without the unsafe answers to them, its context term reading the refitted "
+                    "prompt read-out; stopped = request refused or answer cut (answers in every split), lost = "
+                    "the same over the test split's benign traffic; the SAE and the LoRA as served",
+            "results": LD.loso_end_to_end(inp, served, families=loso_families, min_held=loso_min_select)}
     rep["seconds"] = time.time() - t0
     LD.write_report(outp / "ladder.json", rep)
     return rep

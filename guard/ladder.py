@@ -460,6 +460,17 @@ def loso(inp: LadderInputs, layer: int, min_select: int = 20, families: Sequence
     return out
 
 
+def _fit_gate_probe(inp: LadderInputs, layer: int, gate: str, Xs: np.ndarray, y_sel: np.ndarray, Xc: np.ndarray,
+                    y_cal: np.ndarray) -> LinearProbe:
+    """A gate's dense probe on a fold's mean residuals, fitted as the build fits it: the prompt gate's together
+    with the build's generated prompts."""
+    if gate == "prompt" and inp.generated_residuals is not None:
+        gs, gys, gc, gyc = inp.generated_residuals(layer)
+        return fit_probe(np.vstack([Xs, gs]), np.concatenate([y_sel, gys]), np.vstack([Xc, gc]),
+                         np.concatenate([y_cal, gyc]))
+    return fit_probe(Xs, y_sel, Xc, y_cal)
+
+
 def _loso_fit(inp: LadderInputs, layer: int, gate: str, sel_k: list[int], cal_k: list[int], target: list[int],
               bench: list[int], probes: bool, own_benign: list[int] | None = None) -> dict[str, Any]:
     """One leave-out fit on ``sel_k`` / ``cal_k``: each rung's recall on ``target``, benign traffic flagged on
@@ -502,12 +513,7 @@ def _loso_fit(inp: LadderInputs, layer: int, gate: str, sel_k: list[int], cal_k:
         Xc, _ = residual_features(inp.cache, layer, cal_k)
         Xg, _ = residual_features(inp.cache, layer, target)
         Xb, _ = residual_features(inp.cache, layer, bench + extra)
-        if gate == "prompt" and inp.generated_residuals is not None:
-            gs, gys, gc, gyc = inp.generated_residuals(layer)
-            p = fit_probe(np.vstack([Xs, gs]), np.concatenate([y_sel, gys]), np.vstack([Xc, gc]),
-                          np.concatenate([y_cal, gyc]))
-        else:
-            p = fit_probe(Xs, y_sel, Xc, y_cal)
+        p = _fit_gate_probe(inp, layer, gate, Xs, y_sel, Xc, y_cal)
         pc, pg, pb = p.pooled(Xc), p.pooled(Xg), p.pooled(Xb)
         r["dense_pooled"] = at_budget(pc, pg, pb)
         if gate == "prompt":
@@ -607,12 +613,9 @@ def _served_prompt_fold(inp: LadderInputs, layer: int, sel_k: list[int],
     head, pooling, _ = inp.fit_readout("prompt", td_sel, s_sel, td_cal, s_cal)
     y_sel, y_cal = np.array([s.label for s in s_sel]), np.array([s.label for s in s_cal])
     Xs, Xc = residual_features(inp.cache, layer, sel_k)[0], residual_features(inp.cache, layer, cal_k)[0]
-    if inp.generated_residuals is not None:
-        gs, gys, gc, gyc = inp.generated_residuals(layer)
-        Xs, y_sel, Xc, y_cal = np.vstack([Xs, gs]), np.concatenate([y_sel, gys]), np.vstack([Xc, gc]), np.concatenate([y_cal, gyc])
-    p = fit_probe(Xs, y_sel, Xc, y_cal)
+    p = _fit_gate_probe(inp, layer, "prompt", Xs, y_sel, Xc, y_cal)
     bt = np.array([inp.is_benign_traffic(s) for s in s_cal])
-    ro_c, pc = np.asarray(head_sample_scores(td_cal, head, pooling)), p.pooled(Xc[: len(cal_k)])
+    ro_c, pc = np.asarray(head_sample_scores(td_cal, head, pooling)), p.pooled(Xc)
     lam = added_weight(ro_c[bt], pc[bt])
     thr = C.threshold_at_budget((ro_c + lam * pc)[bt], inp.budgets["prompt"])
 
