@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from guard.monitor import ContextTerm, GateScorer, Head, Pooling
+from guard.monitor import ContextTerm, GateScorer, Head, HiddenLayer, Pooling
 from guard.sae import SelectedEncoder
 
 MANIFEST = "manifest.json"
@@ -76,10 +76,14 @@ class GateSpec:
     # or, instead of a trigger of its own, a probe whose pooled score times this weight is added to the
     # read-out's (the gate's threshold and benign scores are then those of the sum)
     probe_weight: float | None = None
+    # an added probe's hidden layer: its columns are the units (:class:`guard.monitor.HiddenLayer`)
+    probe_hidden: HiddenLayer | None = None
 
     def __post_init__(self) -> None:
         if self.probe is None and (self.probe_threshold is not None or self.probe_weight is not None):
             raise ValueError("a probe threshold or a probe weight needs a residual probe")
+        if self.probe_hidden is not None and self.probe_weight is None:
+            raise ValueError("a probe's hidden layer needs a probe added to the read-out with a weight")
         if self.probe is not None and (self.probe_threshold is None) == (self.probe_weight is None):
             raise ValueError("a residual probe is either a trigger with its own threshold or added to the read-out "
                              "with a weight: give exactly one of probe_threshold and probe_weight")
@@ -98,7 +102,9 @@ class GateSpec:
                 "own_budget_scores": {k: [float(x) for x in v] for k, v in self.own_budget_scores.items()},
                 "context": None if self.context is None else self.context.to_dict(),
                 "probe": None if self.probe is None else self.probe.to_dict(), "probe_threshold": self.probe_threshold,
-                "probe_benign_scores": [float(x) for x in self.probe_benign_scores], "probe_weight": self.probe_weight}
+                "probe_benign_scores": [float(x) for x in self.probe_benign_scores], "probe_weight": self.probe_weight,
+                # written only where there is one, so a build without it reads and writes as before
+                **({} if self.probe_hidden is None else {"probe_hidden": self.probe_hidden.to_dict()})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GateSpec:
@@ -111,7 +117,8 @@ class GateSpec:
                    None if d.get("probe") is None else Head.from_dict(d["probe"]),
                    None if d.get("probe_threshold") is None else float(d["probe_threshold"]),
                    [float(x) for x in d.get("probe_benign_scores", [])],
-                   None if d.get("probe_weight") is None else float(d["probe_weight"]))
+                   None if d.get("probe_weight") is None else float(d["probe_weight"]),
+                   None if d.get("probe_hidden") is None else HiddenLayer.from_dict(d["probe_hidden"]))
 
     def threshold_for_budget(self, budget: float) -> float:
         """The lowest threshold that flags at most ``budget`` of the calibration split's benign traffic."""
@@ -192,7 +199,7 @@ class MonitorSpec:
             raise ValueError(f"the {gate} gate's probe is added to its score: it has no threshold of its own")
         offset = g.probe_offset if probe_threshold is None or g.probe is None else thr - float(probe_threshold)
         return GateScorer(g.overall, self.encoder.columns, thr, g.pooling, g.categories, g.category_thresholds,
-                          g.context, g.probe, offset, g.probe_weight)
+                          g.context, g.probe, offset, g.probe_weight, g.probe_hidden)
 
     def scorer_for_budget(self, gate: str, budget: float) -> GateScorer:
         """The gate at the threshold that flags at most ``budget`` of the calibration split's benign traffic. A

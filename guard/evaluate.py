@@ -880,7 +880,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
             with_response_gate,
         )
 
-        prompt_gate = replace(spec.gates["prompt"], probe=None, probe_threshold=None, probe_weight=None,
+        prompt_gate = replace(spec.gates["prompt"], probe=None, probe_threshold=None, probe_weight=None, probe_hidden=None,
                               overall=spec.gates["prompt"].overall if prompt_head is None else prompt_head)
         fold = MonitorSpec.from_gates({"prompt": prompt_gate, "response": GateSpec(head, pooling, 0.0)},
                                       saes[served], "leave-out")
@@ -931,6 +931,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
         extra=extra, extra_cache=ex_cache, encode_extra=encode_extra, views=prompt_views_in,
         generated_residuals=generated_residuals if with_generated else None,
         response_as_served=response_as_served,
+        prompt_probe_hidden=int(prov["config"].get("prompt_probe_hidden", 0)),
         groups=eval_groups(drift_bodies(every),
                            read_drift_annotation(drift_annotation) if drift_annotation is not None else None))
     rep: dict[str, Any] = {"artifacts": str(art), "served_layer": served, "layers": use_layers, "dtype": dtype,

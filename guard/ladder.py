@@ -142,6 +142,82 @@ def fit_probe(X: np.ndarray, y: np.ndarray, Xc: np.ndarray, yc: np.ndarray, seed
     return best
 
 
+@dataclass
+class HiddenProbe:
+    """A probe with one hidden layer of ReLU units on the pooled residual, its standardisation folded into the
+    first layer: logit = w2 . relu(W1^T x + b1) + b2. Several fits (seeds) averaged are one wider layer with
+    their output weights divided by their number, which is how :func:`fit_hidden_probe` returns them."""
+
+    W1: np.ndarray      # (d, units)
+    b1: np.ndarray      # (units,)
+    w2: np.ndarray      # (units,)
+    b2: float
+    info: dict[str, Any]
+
+    def pooled(self, X: np.ndarray) -> np.ndarray:
+        return np.maximum(np.asarray(X, dtype=np.float64) @ self.W1 + self.b1, 0.0) @ self.w2 + self.b2
+
+
+# the prompt gate's hidden-layer probe: a narrow layer, strong dropout and weight decay, because the requests it
+# must generalise to are worded unlike the generated ones it is mostly fitted on
+HIDDEN_DROPOUT = 0.5
+HIDDEN_WEIGHT_DECAY = 0.1
+HIDDEN_EPOCHS = 40
+HIDDEN_SEEDS = 5
+
+
+def fit_hidden_probe(X: np.ndarray, y: np.ndarray, Xc: np.ndarray, yc: np.ndarray, units: int = 64,
+                     seeds: int = HIDDEN_SEEDS, epochs: int = HIDDEN_EPOCHS, threads: int | None = None) -> HiddenProbe:
+    """Class-balanced fits of one hidden layer on standardised features (dropout on the input and the units,
+    AdamW), each seed's epoch kept by calibration-split average precision; the seeds are averaged."""
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    mu = X.mean(0)
+    sd = X.std(0)
+    sd[sd < 1e-6] = 1.0
+    Z = torch.tensor((X - mu) / sd, dtype=torch.float32)
+    Zc = torch.tensor((Xc - mu) / sd, dtype=torch.float32)
+    yt = torch.tensor(y, dtype=torch.float32)
+    ratio = float((1 - y).sum()) / max(float(y.sum()), 1.0)
+    # each class weighs the same in the loss, whatever its share of the fitting samples
+    sw = torch.where(yt > 0, torch.tensor(ratio ** 0.5), torch.tensor(ratio ** -0.5))
+    W1, b1, w2, b2, aps = [], [], [], [], []
+    for seed in range(seeds):
+        torch.manual_seed(seed)
+        lin_in, lin_out = torch.nn.Linear(Z.shape[1], units), torch.nn.Linear(units, 1)
+        net = torch.nn.Sequential(torch.nn.Dropout(HIDDEN_DROPOUT), lin_in, torch.nn.ReLU(),
+                                  torch.nn.Dropout(HIDDEN_DROPOUT), lin_out)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=HIDDEN_WEIGHT_DECAY)
+        best, best_ap = None, -1.0
+        for _ in range(epochs):
+            net.train()
+            order = torch.randperm(len(yt))
+            for k in range(0, len(yt), 128):
+                ix = order[k:k + 128]
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(net(Z[ix]).squeeze(-1), yt[ix], reduction="none")
+                opt.zero_grad()
+                (loss * sw[ix]).mean().backward()
+                opt.step()
+            net.eval()
+            with torch.no_grad():
+                ap = C.average_precision(net(Zc).squeeze(-1).numpy(), yc) if 0 < yc.sum() < len(yc) else 0.0
+            if ap > best_ap:
+                best_ap, best = ap, [t.detach().clone() for t in (lin_in.weight, lin_in.bias, lin_out.weight, lin_out.bias)]
+        assert best is not None
+        w_in, b_in, w_out, b_out = (t.double().numpy() for t in best)
+        W1.append((w_in / sd).T)
+        b1.append(b_in - (w_in * (mu / sd)).sum(1))
+        w2.append(w_out[0] / seeds)
+        b2.append(float(b_out[0]) / seeds)
+        aps.append(best_ap)
+    return HiddenProbe(np.concatenate(W1, 1), np.concatenate(b1), np.concatenate(w2), float(sum(b2)),
+                       {"fit": "one hidden layer of ReLU units on the mean residual, seeds averaged", "units": units,
+                        "seeds": seeds, "epochs": epochs, "dropout": HIDDEN_DROPOUT,
+                        "weight_decay": HIDDEN_WEIGHT_DECAY, "calib_average_precision_per_seed": aps})
+
+
 # ------------------------------------------------------------------------------------------------
 # one rung's numbers
 
@@ -252,6 +328,9 @@ class LadderInputs:
     # function of cache indices that says which answers the gate cuts. The build adds a context term and a residual
     # probe to the read-out; without them a leave-out measures a rung, not the gate
     response_as_served: Callable[..., Callable[[list[int]], np.ndarray]] | None = None
+    # the units per seed of the served prompt probe's hidden layer (0: a logistic regression), which the prompt
+    # gate's leave-outs fit as the build does
+    prompt_probe_hidden: int = 0
 
 
 def run_ladder(inp: LadderInputs, layers: Sequence[int]) -> dict[str, Any]:
@@ -461,13 +540,14 @@ def loso(inp: LadderInputs, layer: int, min_select: int = 20, families: Sequence
 
 
 def _fit_gate_probe(inp: LadderInputs, layer: int, gate: str, Xs: np.ndarray, y_sel: np.ndarray, Xc: np.ndarray,
-                    y_cal: np.ndarray) -> LinearProbe:
+                    y_cal: np.ndarray) -> LinearProbe | HiddenProbe:
     """A gate's dense probe on a fold's mean residuals, fitted as the build fits it: the prompt gate's together
-    with the build's generated prompts."""
+    with the build's generated prompts, and with the build's hidden layer where it has one."""
     if gate == "prompt" and inp.generated_residuals is not None:
         gs, gys, gc, gyc = inp.generated_residuals(layer)
-        return fit_probe(np.vstack([Xs, gs]), np.concatenate([y_sel, gys]), np.vstack([Xc, gc]),
-                         np.concatenate([y_cal, gyc]))
+        Xs, y_sel, Xc, y_cal = np.vstack([Xs, gs]), np.concatenate([y_sel, gys]), np.vstack([Xc, gc]), np.concatenate([y_cal, gyc])
+    if gate == "prompt" and inp.prompt_probe_hidden:
+        return fit_hidden_probe(Xs, y_sel, Xc, y_cal, inp.prompt_probe_hidden)
     return fit_probe(Xs, y_sel, Xc, y_cal)
 
 

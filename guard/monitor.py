@@ -132,13 +132,15 @@ def first_crossing(c: np.ndarray, threshold: float, p: Pooling) -> int | None:
 
 
 def pool(u: np.ndarray, p: Pooling, bias: float = 0.0) -> np.ndarray:
-    """c_t = b + sum of the last min(t+1, W) values / max(min(t+1, W), M), for a series of valid tokens."""
+    """c_t = b + sum of the last min(t+1, W) values / max(min(t+1, W), M), for a series of valid tokens
+    ((T,), or (T, k): each column pooled on its own)."""
     u = np.asarray(u, dtype=np.float64)
-    cs = np.concatenate([[0.0], np.cumsum(u)])
+    cs = np.concatenate([np.zeros((1, *u.shape[1:])), np.cumsum(u, axis=0)])
     t = np.arange(len(u))
     n = np.minimum(t + 1, p.window)
     s = cs[t + 1] - cs[t + 1 - n]
-    return bias + s / np.maximum(n, p.min_count)
+    d = np.maximum(n, p.min_count)
+    return bias + s / (d if u.ndim == 1 else d[:, None])
 
 
 class _Readout:
@@ -187,6 +189,34 @@ class ContextTerm:
         return cls(Head.from_dict(d["head"]), float(d.get("weight", 0.0)), float(d.get("scale", 0.0)))
 
 
+@dataclass(frozen=True)
+class HiddenLayer:
+    """A probe with one hidden layer of ReLU units, for a gate whose probe is added to its score: the probe head's
+    columns hold each unit's pre-activation without its bias, which is linear in the residual, so pooling the
+    columns pools the residual the way the gate pools it; the units' biases, the ReLU and the output weights are
+    applied after pooling (the output bias is the probe head's)."""
+
+    bias: list[float]
+    weights: list[float]
+
+    def __post_init__(self) -> None:
+        if len(self.bias) != len(self.weights) or not self.weights:
+            raise ValueError(f"a hidden layer needs one bias and one output weight per unit, got {len(self.bias)} "
+                             f"biases and {len(self.weights)} weights")
+
+    def apply(self, pooled: np.ndarray) -> np.ndarray:
+        """(T, units) pooled pre-activations -> (T,) the probe's score before its output bias."""
+        b, w = np.asarray(self.bias, dtype=np.float64), np.asarray(self.weights, dtype=np.float64)
+        return np.maximum(np.atleast_2d(pooled) + b, 0.0) @ w
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bias": [float(x) for x in self.bias], "weights": [float(x) for x in self.weights]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HiddenLayer:
+        return cls([float(x) for x in d["bias"]], [float(x) for x in d["weights"]])
+
+
 @dataclass
 class GateScorer:
     """Scores of one gate from activations of the union of its latents.
@@ -208,6 +238,8 @@ class GateScorer:
     probe_offset: float = 0.0
     # or: c_t = read-out score + probe_weight * probe score, for a gate that reads the sum (the prompt gate)
     probe_weight: float | None = None
+    # an added probe with a hidden layer: the probe head's columns are its units (:class:`HiddenLayer`)
+    probe_hidden: HiddenLayer | None = None
 
     def __post_init__(self) -> None:
         pos = {c: i for i, c in enumerate(self.columns)}
@@ -218,6 +250,9 @@ class GateScorer:
             raise ValueError(f"activation columns lack selected latents {missing[:8]}")
         if self.context is not None and self.pooling.final:
             raise ValueError("a context term belongs to a gate that scores a response after its context")
+        if self.probe_hidden is not None and (self.probe is None or self.probe_weight is None
+                                              or len(self.probe.ids) != len(self.probe_hidden.weights)):
+            raise ValueError("a hidden layer belongs to a probe added to the gate's score, one column per unit")
         self._ov = _Readout(self.overall, pos)
         self._cat = {c: _Readout(h, pos) for c, h in self.categories.items()}
         self._ctx = None if self.context is None else _Readout(self.context.head, pos)
@@ -225,7 +260,8 @@ class GateScorer:
 
     def with_threshold(self, threshold: float) -> GateScorer:
         return GateScorer(self.overall, self.columns, float(threshold), self.pooling, self.categories,
-                          self.category_thresholds, self.context, self.probe, self.probe_offset, self.probe_weight)
+                          self.category_thresholds, self.context, self.probe, self.probe_offset, self.probe_weight,
+                          self.probe_hidden)
 
     def probe_contributions(self, acts: np.ndarray) -> np.ndarray:
         """(T, n_columns) -> (T,) per-token contribution of the residual probe (zeros without one)."""
@@ -237,7 +273,11 @@ class GateScorer:
         trigger on the same scale."""
         if self.probe is None or not len(c):
             return np.asarray(c)
-        cp = pool(self.probe_contributions(acts), self.pooling, self.probe.bias)
+        if self.probe_hidden is not None and self._probe is not None:
+            units = np.atleast_2d(np.asarray(acts, dtype=np.float64))[:, self._probe.idx]
+            cp = self.probe.bias + self.probe_hidden.apply(pool(units, self.pooling))
+        else:
+            cp = pool(self.probe_contributions(acts), self.pooling, self.probe.bias)
         if self.probe_weight is not None:
             return np.asarray(c) + self.probe_weight * cp
         return np.maximum(np.asarray(c), cp + self.probe_offset)

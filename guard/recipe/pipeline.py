@@ -134,6 +134,8 @@ class BuildConfig:
     # the prompt gate's residual probe, added to its read-out's score (guard.recipe.prompt_probe), one threshold
     # on the sum at the prompt budget
     prompt_probe: bool = True
+    # units of that probe's hidden layer per seed (guard.ladder.fit_hidden_probe); 0: a logistic regression
+    prompt_probe_hidden: int = 64
     max_tokens: int = 2048           # guard context used for fitting (longer conversations keep their end)
     category_latents: int = 24
     posthoc_samples: int = 200       # per split and gate, for the safeguard's post-hoc verdict numbers
@@ -912,7 +914,7 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
 
             p_sel, p_cal = prompt_samples({"select": sel, "calib": cal}, cfg)
             spec, rep["prompt"]["probe"] = fit_prompt_probe(spec, model_rows(net, tok, chosen, cfg.max_tokens),
-                                                            p_sel, p_cal, cfg.budget_prompt)
+                                                            p_sel, p_cal, cfg.budget_prompt, cfg.prompt_probe_hidden)
         spec.save(out / "monitors" / name)
         m_rec.write_text(json.dumps({"key": _hash([fit_key, name, chosen]), "report": rep}, default=str))
         monitors[name] = rep

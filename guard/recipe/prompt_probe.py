@@ -10,10 +10,16 @@ generated benign kind on its own). The response gate's probe is a second trigger
 two scores): a stream's drift shows in one of them, not in both.
 
 The probe is fitted as the read-out is, on the select split's prompts and the generated ones (sample labels
-only; class-balanced L2 logistic on each request's mean residual over the scored tokens, filtered tokens
-counting as zero, standardised, C by calibration average precision). It is served as one more residual-probe
-column of the monitor's encoder; the sum is linear in the tokens, so the gate's pooled score is exactly the
-read-out's plus the weighted probe's. A refusal still names the read-out's latents.
+only, on each request's mean residual over the scored tokens, filtered tokens counting as zero, standardised):
+a class-balanced L2 logistic regression (C by calibration average precision), served as one more
+residual-probe column of the monitor's encoder, so the gate's pooled score is exactly the read-out's plus the
+weighted probe's; or, with ``prompt_probe_hidden``, one hidden layer of ReLU units (:func:`guard.ladder.
+fit_hidden_probe`). A unit's pre-activation is linear in the residual, so each unit is one more column, the gate
+pools the columns as it pools the read-out, and the units' ReLU and output weights are applied to the pooled
+values (:class:`guard.monitor.HiddenLayer`): the score is the probe on the request's mean residual, as fitted.
+Unlike the logistic regression, the hidden layer can weigh one direction of the residual by what another says
+(guard/README.md reports what it gains on requests written apart from the build). A refusal still names the
+read-out's latents.
 """
 
 from __future__ import annotations
@@ -28,16 +34,16 @@ from typing import Any
 import numpy as np
 
 from guard.bundle import MonitorSpec
-from guard.monitor import Head, causal_norm_mask, score_sequence
+from guard.monitor import Head, HiddenLayer, causal_norm_mask, score_sequence
 from guard.recipe import calibration as C
 from guard.recipe.pipeline import budget_threshold, generated_prompt_samples, is_benign_traffic
 from guard.recipe.prompt_gate import PartRefit, open_finished_build, refit_each_monitor
-from guard.recipe.residual_probe import add_probe_column, without_probe
+from guard.recipe.residual_probe import add_probe_column, add_probe_columns, without_probe
 from guard.recipe.sources import Sample
 
 log = logging.getLogger(__name__)
 
-PROMPT_PROBE_FIELDS = frozenset({"prompt_probe", "threads"})
+PROMPT_PROBE_FIELDS = frozenset({"prompt_probe", "prompt_probe_hidden", "threads"})
 
 # (residual after the layer (T, d), scored span) of each sample's conversation, as the guard reads it
 Rows = Callable[[Sequence[Sample]], list[tuple[Any, tuple[int, int]]]]
@@ -79,11 +85,12 @@ def scored_mean(resid: Any, span: tuple[int, int], norm_ratio: float = 10.0) -> 
     return (resid.numpy()[s:e] * kept[:, None]).mean(0)
 
 
-def fit_prompt_probe(spec: MonitorSpec, rows: Rows, sel: Sequence[Sample], cal: Sequence[Sample], budget: float
-                     ) -> tuple[MonitorSpec, dict[str, Any]]:
+def fit_prompt_probe(spec: MonitorSpec, rows: Rows, sel: Sequence[Sample], cal: Sequence[Sample], budget: float,
+                     hidden: int = 0) -> tuple[MonitorSpec, dict[str, Any]]:
     """``spec`` with a residual probe added to its prompt gate's score, fitted on ``sel`` and calibrated at
-    ``budget`` on ``cal`` (prompt samples, generated ones included); and the record of the fit."""
-    from guard.ladder import added_weight, fit_probe
+    ``budget`` on ``cal`` (prompt samples, generated ones included); and the record of the fit. ``hidden``: the
+    units of the probe's hidden layer per seed (0: a logistic regression)."""
+    from guard.ladder import HiddenProbe, added_weight, fit_hidden_probe, fit_probe
 
     t0 = time.time()
     if any(s.gate != "prompt" for s in [*sel, *cal]):
@@ -96,7 +103,7 @@ def fit_prompt_probe(spec: MonitorSpec, rows: Rows, sel: Sequence[Sample], cal: 
     X_cal, ro_cal = _features(spec, rows(cal))
     y_sel = np.array([s.label for s in sel])
     y_cal = np.array([s.label for s in cal])
-    probe = fit_probe(X_sel, y_sel, X_cal, y_cal)
+    probe = fit_hidden_probe(X_sel, y_sel, X_cal, y_cal, hidden) if hidden else fit_probe(X_sel, y_sel, X_cal, y_cal)
     del X_sel
     pr_cal = probe.pooled(X_cal)
     bt_all = np.array([is_benign_traffic(s) for s in cal], dtype=bool)
@@ -105,9 +112,18 @@ def fit_prompt_probe(spec: MonitorSpec, rows: Rows, sel: Sequence[Sample], cal: 
     weight = added_weight(ro_cal[bt_all], pr_cal[bt_all])
     combined = ro_cal + weight * pr_cal
     thr, bt, _, own = budget_threshold(combined, list(cal), budget)
-    encoder, pid = add_probe_column(spec.encoder, np.asarray(probe.w, dtype=np.float32))
-    head = Head([pid], [1.0], None, float(probe.b), None, "residual_probe",
-                {"fit": "class-balanced L2 logistic on the mean residual", "C": probe.C})
+    units: HiddenLayer | None = None
+    if isinstance(probe, HiddenProbe):
+        # one encoder column per hidden unit: its pre-activation is linear in the residual, so the gate pools it
+        encoder, pids = add_probe_columns(spec.encoder, probe.W1)
+        head = Head(pids, [1.0] * len(pids), None, float(probe.b2), None, "residual_probe", probe.info)
+        units = HiddenLayer([float(x) for x in probe.b1], [float(x) for x in probe.w2])
+        fit_rec: dict[str, Any] = {"hidden": probe.info}
+    else:
+        encoder, pid = add_probe_column(spec.encoder, np.asarray(probe.w, dtype=np.float32))
+        head = Head([pid], [1.0], None, float(probe.b), None, "residual_probe",
+                    {"fit": "class-balanced L2 logistic on the mean residual", "C": probe.C})
+        fit_rec = {"C": probe.C}
 
     def numbers(score: np.ndarray, t: float, own: dict[str, list[float]]) -> dict[str, Any]:
         f = score > t
@@ -121,7 +137,7 @@ def fit_prompt_probe(spec: MonitorSpec, rows: Rows, sel: Sequence[Sample], cal: 
         return out
 
     rec: dict[str, Any] = {
-        "C": probe.C, "weight": weight, "threshold": float(thr), "budget": budget,
+        **fit_rec, "weight": weight, "threshold": float(thr), "budget": budget,
         # the read-out's own calibration, which taking the probe out again restores (:func:`without_probe`)
         "readout_threshold": g.threshold, "readout_benign_scores": list(g.benign_scores),
         "readout_own_budget_scores": dict(g.own_budget_scores),
@@ -131,13 +147,13 @@ def fit_prompt_probe(spec: MonitorSpec, rows: Rows, sel: Sequence[Sample], cal: 
         "calibration": {"readout_only": numbers(ro_cal, g.threshold, dict(g.own_budget_scores)),
                         "with_probe": numbers(combined, thr, own)},
         "n_select": len(sel), "n_calib": len(cal), "seconds": time.time() - t0}
-    gate = replace(g, threshold=float(thr), probe=head, probe_threshold=None, probe_weight=weight,
+    gate = replace(g, threshold=float(thr), probe=head, probe_threshold=None, probe_weight=weight, probe_hidden=units,
                    benign_scores=sorted(float(x) for x in combined[bt]), own_budget_scores=own,
                    calibration={**g.calibration, "probe": rec})
     new = MonitorSpec(encoder, {"prompt": gate, "response": spec.gates["response"]}, spec.name, spec.info,
                       spec.reference)
-    log.info("prompt residual probe: C %s, weight %.3f, threshold %.3f -> %.3f; calibration balanced accuracy "
-             "%.3f -> %.3f, benign traffic flagged %.3f -> %.3f", probe.C, weight, g.threshold, thr,
+    log.info("prompt residual probe: %s, weight %.3f, threshold %.3f -> %.3f; calibration balanced accuracy "
+             "%.3f -> %.3f, benign traffic flagged %.3f -> %.3f", fit_rec, weight, g.threshold, thr,
              rec["calibration"]["readout_only"]["balanced_accuracy"], rec["calibration"]["with_probe"]["balanced_accuracy"],
              rec["calibration"]["readout_only"]["flagged_benign_traffic"],
              rec["calibration"]["with_probe"]["flagged_benign_traffic"])
@@ -166,7 +182,8 @@ def refit_prompt_probe(out_dir: str | Path, base_model: str | Path | None = None
 
     def fit(name: str, model: Any, tok: Any, spec: MonitorSpec, progress: Callable[[float], None]
             ) -> tuple[MonitorSpec, dict[str, Any]]:
-        return fit_prompt_probe(spec, model_rows(model, tok, layer, cfg.max_tokens), sel, cal, cfg.budget_prompt)
+        return fit_prompt_probe(spec, model_rows(model, tok, layer, cfg.max_tokens), sel, cal, cfg.budget_prompt,
+                                cfg.prompt_probe_hidden)
 
     record: dict[str, Any] = {"layer": layer, "prompts": {"select": len(sel), "calib": len(cal)}}
     return refit_each_monitor(

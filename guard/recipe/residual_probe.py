@@ -59,13 +59,21 @@ ROUNDS = 2
 def add_probe_column(encoder: Any, w: np.ndarray) -> tuple[Any, int]:
     """``encoder`` with the residual probe ``w`` (d_in,) as one more column, and that column's id (the first
     probe id no other column holds)."""
+    enc, ids = add_probe_columns(encoder, np.asarray(w).reshape(-1, 1))
+    return enc, ids[0]
+
+
+def add_probe_columns(encoder: Any, W: np.ndarray) -> tuple[Any, list[int]]:
+    """``encoder`` with the columns of ``W`` (d_in, k) as k more residual-probe columns, and their ids (the
+    first probe ids no other column holds)."""
     import torch
 
     ids = list(encoder.probe_ids)
-    pid = next(probe_id(j) for j in range(len(ids) + 1) if probe_id(j) not in ids)
-    col = torch.as_tensor(np.asarray(w, dtype=np.float32)).reshape(-1, 1)
-    W = col if encoder.probe_W is None else torch.cat([encoder.probe_W.to(col.dtype), col], dim=1)
-    return encoder.with_probes(W, [*ids, pid]), pid
+    free = (probe_id(j) for j in range(len(ids) + W.shape[1] + 1) if probe_id(j) not in ids)
+    new = [next(free) for _ in range(W.shape[1])]
+    cols = torch.as_tensor(np.asarray(W, dtype=np.float32))
+    full = cols if encoder.probe_W is None else torch.cat([encoder.probe_W.to(cols.dtype), cols], dim=1)
+    return encoder.with_probes(full, [*ids, *new]), new
 
 
 def without_probe(spec: MonitorSpec, gate: str) -> MonitorSpec:
@@ -78,7 +86,7 @@ def without_probe(spec: MonitorSpec, gate: str) -> MonitorSpec:
     enc = spec.encoder
     keep = [k for k, i in enumerate(enc.probe_ids) if i not in drop]
     encoder = replace(enc, probe_W=enc.probe_W[:, keep].contiguous() if keep else None, probe_ids=[enc.probe_ids[k] for k in keep])
-    new = replace(g, probe=None, probe_threshold=None, probe_weight=None, probe_benign_scores=[])
+    new = replace(g, probe=None, probe_threshold=None, probe_weight=None, probe_hidden=None, probe_benign_scores=[])
     if g.probe_weight is not None:
         rec = g.calibration.get("probe", {})
         if "readout_threshold" not in rec:

@@ -30,10 +30,11 @@ def test_complete_small_and_in_the_served_format() -> None:
     for f in ("data.jsonl.gz", "provenance.json", "sae/cfg.json", "lora/adapter_config.json"):
         assert (ART / f).is_file(), f
     total = sum(p.stat().st_size for p in ART.rglob("*") if p.is_file())
-    # the LoRA (~19 MiB), the published data (~3 MiB) and one bf16 SAE (~10 MiB) per candidate layer plus the
-    # served copy: what a build on another machine needs to continue without retraining
+    # the LoRA (~19 MiB), the published data (~3 MiB), one bf16 SAE (~10 MiB) per candidate layer plus the
+    # served copy, and each monitor (~3.2 MiB: its encoder columns, most of them the prompt probe's hidden units):
+    # what a build on another machine needs to continue without retraining
     n_sae = 1 + len(list((ART / "candidates").glob("sae-L*")))
-    assert total < (24 + 11 * n_sae) * 2**20, f"artifacts are {total / 2**20:.1f} MiB"
+    assert total < (23 + 11 * n_sae + 3.5 * len(man["monitors"])) * 2**20, f"artifacts are {total / 2**20:.1f} MiB"
 
 
 @pytest.mark.parametrize("name", ["lora", "base"])
@@ -92,7 +93,10 @@ def test_monitor_is_sparse_and_calibrated_under_the_budget(name: str) -> None:
             # the prompt gate's probe is added to the read-out's score: the threshold and benign scores checked
             # above are the sum's, and the sum does better on the calibration split than the read-out alone
             assert g.probe_weight is not None and g.probe_weight > 0 and g.probe_threshold is None
-            assert len(g.probe.ids) == 1 and g.probe.ids[0] in spec.encoder.probe_ids
+            # one encoder column per hidden unit where the probe has a hidden layer, else one column
+            units = 1 if g.probe_hidden is None else len(g.probe_hidden.weights)
+            assert len(g.probe.ids) == units and set(g.probe.ids) <= set(spec.encoder.probe_ids)
+            assert g.probe_hidden is None or units == cfg["prompt_probe_hidden"] * g.calibration["probe"]["hidden"]["seeds"]
             rec = g.calibration["probe"]
             assert rec["threshold"] == pytest.approx(g.threshold)
             assert rec["calibration"]["with_probe"]["balanced_accuracy"] > rec["calibration"]["readout_only"]["balanced_accuracy"]

@@ -80,11 +80,14 @@ def test_build_outputs(built):
     # the prompt gate's probe: added to its read-out's score, one threshold on the sum at the prompt budget
     pp = prov["monitors"]["lora"]["prompt"]["probe"]
     ph = heads["prompt"]
-    assert ph["probe"]["ids"] == [-2] and ph["probe_weight"] == pp["weight"] and ph["probe_threshold"] is None
+    # with a hidden layer: one encoder column per unit of every seed, after the response probe's
+    units = prov["config"]["prompt_probe_hidden"] * pp["hidden"]["seeds"]
+    assert ph["probe"]["ids"] == [-2 - j for j in range(units)] and len(ph["probe_hidden"]["weights"]) == units
+    assert ph["probe_weight"] == pp["weight"] and ph["probe_threshold"] is None
     assert ph["threshold"] == pp["threshold"] and pp["readout_threshold"] == ph["calibration"]["calib"]["threshold"]
     assert pp["calibration"]["with_probe"]["flagged_benign_traffic"] <= 0.02 + 1e-9
     enc = json.loads((art / "monitors/lora/selected_encoder.json").read_text())
-    assert enc["probe_ids"] == [-1, -2] and -1 not in enc["ids"]
+    assert enc["probe_ids"] == [-1, *ph["probe"]["ids"]] and -1 not in enc["ids"]
 
 
 def test_eval_and_bench_run(built, tmp_path):
@@ -227,7 +230,9 @@ def test_prompt_gate_refit_keeps_everything_else(built, tmp_path):
         assert set(spec.gates["prompt"].overall.ids) <= set(spec.encoder.ids)
         # the response gate's probe keeps its column; the prompt gate's probe is fitted again on the new read-out
         spec.scorer("response")
-        assert sorted(spec.encoder.probe_ids) == [-2, -1]
+        resp_ids, prompt_ids = spec.gates["response"].probe.ids, spec.gates["prompt"].probe.ids
+        assert sorted(spec.encoder.probe_ids) == sorted([*resp_ids, *prompt_ids]) and len(resp_ids) == 1
+        assert len(prompt_ids) == len(after["prompt"]["probe_hidden"]["weights"])
         assert after["prompt"]["probe_weight"] == new["monitors"][n]["prompt"]["probe"]["weight"]
         assert after["prompt"]["threshold"] == pytest.approx(spec.gates["prompt"].threshold_for_budget(0.02))
         assert json.loads((art / "monitors" / n / "build.json").read_text())["key"].startswith("prompt-refit:")
@@ -285,7 +290,10 @@ def test_response_probe_refit_keeps_every_read_out(built, tmp_path):
         assert json.loads((art / "monitors" / n / "build.json").read_text())["key"].startswith("probe-refit:")
         spec = MonitorSpec.load(art / "monitors" / n, n)
         # the prompt gate's probe column stays; the response gate's is fitted again
-        assert sorted(spec.encoder.probe_ids) == [-2, -1] and spec.encoder.probe_W.shape[1] == 2
+        prompt_ids, resp_ids = spec.gates["prompt"].probe.ids, spec.gates["response"].probe.ids
+        assert prompt_ids == heads[n]["prompt"]["probe"]["ids"] and len(resp_ids) == 1
+        assert sorted(spec.encoder.probe_ids) == sorted([*prompt_ids, *resp_ids])
+        assert spec.encoder.probe_W.shape[1] == len(prompt_ids) + 1
         spec.scorer("prompt")
         # each trigger holds the budget on its own benign scores, so an operator's budget re-applies to both
         g = spec.gates["response"]
@@ -318,7 +326,9 @@ def test_prompt_probe_refit_keeps_every_read_out(built, tmp_path):
         assert after["prompt"]["threshold"] == rec["monitors"][n]["threshold"]
         assert json.loads((art / "monitors" / n / "build.json").read_text())["key"].startswith("prompt-probe-refit:")
         spec = MonitorSpec.load(art / "monitors" / n, n)
-        assert sorted(spec.encoder.probe_ids) == [-2, -1]
+        resp_ids, prompt_ids = spec.gates["response"].probe.ids, spec.gates["prompt"].probe.ids
+        assert sorted(spec.encoder.probe_ids) == sorted([*resp_ids, *prompt_ids]) and len(resp_ids) == 1
+        assert len(prompt_ids) == len(after["prompt"]["probe_hidden"]["weights"])
         g = spec.gates["prompt"]
         assert g.probe_weight == rec["monitors"][n]["weight"] and g.threshold == pytest.approx(g.threshold_for_budget(0.02))
         spec.scorer("response")
@@ -356,7 +366,9 @@ def test_response_gate_refit_on_rebuilt_drift_keeps_the_prompt_gate(built, tmp_p
         after = json.loads((art / "monitors" / n / "heads.json").read_text())
         assert after["prompt"] == heads[n]["prompt"] and after["reference"]["prompt"] == heads[n]["reference"]["prompt"]
         spec = MonitorSpec.load(art / "monitors" / n, n)
-        assert sorted(spec.encoder.probe_ids) == [-2, -1]
+        resp_ids, prompt_ids = spec.gates["response"].probe.ids, spec.gates["prompt"].probe.ids
+        assert sorted(spec.encoder.probe_ids) == sorted([*resp_ids, *prompt_ids]) and len(resp_ids) == 1
+        assert len(prompt_ids) == len(after["prompt"]["probe_hidden"]["weights"])
         spec.scorer("prompt")
         g = spec.gates["response"]
         assert set(g.all_ids()) <= set(spec.encoder.ids)

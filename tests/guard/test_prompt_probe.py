@@ -8,7 +8,18 @@ import pytest
 import torch
 
 from guard.bundle import GateSpec, MonitorSpec
-from guard.monitor import GateScorer, Head, Pooling, StreamScorer, causal_norm_mask, pool, score_sequence
+from guard.ladder import fit_hidden_probe, fit_probe
+from guard.monitor import (
+    GateScorer,
+    Head,
+    HiddenLayer,
+    Pooling,
+    StreamScorer,
+    causal_norm_mask,
+    pool,
+    score_sequence,
+)
+from guard.recipe.calibration import average_precision
 from guard.recipe.prompt_probe import fit_prompt_probe
 from guard.recipe.residual_probe import add_probe_column, without_probe
 from guard.recipe.sources import Sample
@@ -160,6 +171,93 @@ def test_fit_adds_a_probe_that_holds_the_budget_and_scores_as_served():
     assert again.encoder.columns == [3, 7, 11, -1, -2] and again.gates["prompt"].threshold == pytest.approx(g.threshold)
     with pytest.raises(ValueError, match="prompt samples only"):
         fit_prompt_probe(spec, rows, sel + [Sample(user("q"), "a", 0, None, "generator/benign/x", "z")], cal, 0.05)
+
+
+def test_a_hidden_layer_probe_pools_its_units_then_applies_them():
+    rng = np.random.default_rng(3)
+    T, span = 25, (3, 25)
+    acts = rng.normal(0.0, 1.0, size=(T, 5))
+    norms = rng.uniform(1, 2, size=T)
+    norms[9] = 300.0                                # filtered: its units count as zero in the pool
+    ov = Head([3], [1.0], bias=-0.1)
+    units = HiddenLayer([0.2, -0.3], [1.5, -0.7])
+    head = Head([-1, -2], [1.0, 1.0], None, 0.25, None, "residual_probe")
+    cols = [3, 7, 11, -1, -2]
+    sc = GateScorer(ov, cols, 0.5, FINAL, probe=head, probe_weight=0.6, probe_hidden=units)
+    got = score_sequence(sc, acts, norms, span)
+    kept = causal_norm_mask(norms, 10.0)[span[0]:span[1]]
+    mean_units = (acts[span[0]:span[1], 3:5] * kept[:, None]).mean(0)
+    probe = 0.25 + np.maximum(mean_units + [0.2, -0.3], 0.0) @ [1.5, -0.7]
+    plain = score_sequence(GateScorer(ov, cols, 0.5, FINAL), acts, norms, span)
+    assert got.score == pytest.approx(plain.score + 0.6 * probe, rel=1e-12)
+    # the ReLU comes after the pool: applied per token first, the score would differ
+    per_token = 0.25 + (np.maximum(acts[span[0]:span[1], 3:5] * kept[:, None] + [0.2, -0.3], 0.0) @ [1.5, -0.7]).mean()
+    assert probe != pytest.approx(per_token)
+    with pytest.raises(ValueError, match="one column per unit"):
+        GateScorer(ov, cols, 0.5, FINAL, probe=Head([-1], [1.0]), probe_weight=0.6, probe_hidden=units)
+    with pytest.raises(ValueError, match="one column per unit"):
+        GateScorer(ov, cols, 0.5, FINAL, probe=head, probe_offset=0.0, probe_hidden=units)
+    with pytest.raises(ValueError, match="one bias and one output weight"):
+        HiddenLayer([0.1], [1.0, 2.0])
+    # kept by the artifact format, and written only where there is one
+    g = GateSpec(ov, FINAL, 0.5, probe=head, probe_weight=0.6, probe_hidden=units)
+    assert GateSpec.from_dict(g.to_dict()).probe_hidden == units
+    assert "probe_hidden" not in GateSpec(ov, FINAL, 0.5, probe=head, probe_weight=0.6).to_dict()
+    with pytest.raises(ValueError, match="hidden layer needs"):
+        GateSpec(ov, FINAL, 0.5, probe=head, probe_threshold=0.1, probe_hidden=units)
+
+
+def test_hidden_probe_fit_folds_its_scaling_and_reads_what_a_line_cannot():
+    # the label is |x0| > 1: no line separates it, one hidden layer does
+    rng = np.random.default_rng(4)
+
+    def draw(n):
+        X = rng.normal(0.0, 1.0, size=(n, 4)) * [1.0, 1.0, 5.0, 0.2] + [0.0, 0.0, 10.0, -3.0]
+        return X, (np.abs(X[:, 0]) > 1.0).astype(int)
+
+    X, y = draw(1200)
+    Xc, yc = draw(600)
+    Xt, yt = draw(600)
+    hp = fit_hidden_probe(X, y, Xc, yc, units=32, seeds=2, epochs=60)
+    lin = fit_probe(X, y, Xc, yc)
+    assert hp.W1.shape == (4, 64) and hp.b1.shape == (64,) and hp.w2.shape == (64,)
+    assert average_precision(hp.pooled(Xt), yt) > 0.9 > average_precision(lin.pooled(Xt), yt) + 0.3
+    assert hp.info["units"] == 32 and len(hp.info["calib_average_precision_per_seed"]) == 2
+    # the served form (units pooled, then the layer) is the probe on the mean
+    x = rng.normal(0.0, 1.0, size=(7, 4))
+    layer = HiddenLayer(list(hp.b1), list(hp.w2))
+    served = hp.b2 + layer.apply(pool(x @ hp.W1, FINAL))[-1]
+    assert served == pytest.approx(hp.pooled(x.mean(0, keepdims=True))[0], rel=1e-9)
+
+
+def test_fit_with_a_hidden_layer_serves_one_column_per_unit():
+    rng = np.random.default_rng(1)
+    sel, r1 = _samples(240, rng, "sel")
+    cal, r2 = _samples(240, rng, "cal")
+    table = {**r1, **r2}
+
+    def rows(ss):
+        return [table[s.group] for s in ss]
+
+    prompt = GateSpec(Head([3, 7], [0.6, 0.4], bias=-0.5), FINAL, 0.9, benign_scores=[0.1, 0.5, 0.8])
+    resp = GateSpec(Head([3], [1.0]), Pooling(4, 2), 0.7)
+    spec = MonitorSpec(_encoder(), {"prompt": prompt, "response": resp}, "m")
+    new, rec = fit_prompt_probe(spec, rows, sel, cal, budget=0.05, hidden=4)
+    g = new.gates["prompt"]
+    units = 4 * rec["hidden"]["seeds"]
+    assert g.probe_hidden is not None and len(g.probe_hidden.weights) == units
+    assert new.encoder.columns == [3, 7, 11, *(probe_id(j) for j in range(units))]
+    assert rec["calibration"]["with_probe"]["flagged_benign_traffic"] <= 0.05
+    sc = new.scorer("prompt")
+    benign = sorted(score_sequence(sc, new.encoder.encode(table[s.group][0]).numpy(),
+                                   table[s.group][0].norm(dim=-1).numpy(), table[s.group][1]).score
+                    for s in cal if s.label == 0)
+    np.testing.assert_allclose(benign, g.benign_scores, rtol=1e-5, atol=1e-5)
+    # taking it out removes every unit's column; a logistic refit then adds one column again
+    back = without_probe(new, "prompt")
+    assert back.encoder.columns == [3, 7, 11] and back.gates["prompt"].probe_hidden is None
+    lin, _ = fit_prompt_probe(new, rows, sel, cal, budget=0.05)
+    assert lin.encoder.columns == [3, 7, 11, -1] and lin.gates["prompt"].probe_hidden is None
 
 
 def test_probe_by_depth_finds_the_layer_that_holds_the_signal():
