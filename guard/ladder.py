@@ -167,13 +167,11 @@ HIDDEN_SEEDS = 5
 
 
 def fit_hidden_probe(X: np.ndarray, y: np.ndarray, Xc: np.ndarray, yc: np.ndarray, units: int = 64,
-                     seeds: int = HIDDEN_SEEDS, epochs: int = HIDDEN_EPOCHS, threads: int | None = None) -> HiddenProbe:
+                     seeds: int = HIDDEN_SEEDS, epochs: int = HIDDEN_EPOCHS) -> HiddenProbe:
     """Class-balanced fits of one hidden layer on standardised features (dropout on the input and the units,
     AdamW), each seed's epoch kept by calibration-split average precision; the seeds are averaged."""
     import torch
 
-    if threads is not None:
-        torch.set_num_threads(threads)
     mu = X.mean(0)
     sd = X.std(0)
     sd[sd < 1e-6] = 1.0
