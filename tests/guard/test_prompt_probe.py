@@ -3,6 +3,9 @@ response gate's probe in one encoder, and fitted so that the sum's threshold hol
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -135,15 +138,30 @@ def _samples(n: int, rng: np.random.Generator, tag: str) -> tuple[list[Sample], 
     return out, rows
 
 
-def test_fit_adds_a_probe_that_holds_the_budget_and_scores_as_served():
+def _fitting_prompts() -> tuple[list[Sample], list[Sample], Callable[[Sequence[Sample]], list[Any]]]:
+    """Select and calibration prompts, and the rows a fit reads for them."""
     rng = np.random.default_rng(1)
     sel, r1 = _samples(240, rng, "sel")
     cal, r2 = _samples(240, rng, "cal")
     table = {**r1, **r2}
 
-    def rows(ss):
+    def rows(ss: Sequence[Sample]) -> list[Any]:
         return [table[s.group] for s in ss]
 
+    return sel, cal, rows
+
+
+def _served_benign_scores(spec: MonitorSpec, cal: list[Sample], rows: Callable[[Sequence[Sample]], list[Any]]
+                          ) -> list[float]:
+    """The prompt gate's served score of each benign prompt of ``cal``, sorted (as the fit records them)."""
+    sc = spec.scorer("prompt")
+    benign = [s for s in cal if s.label == 0]
+    return sorted(score_sequence(sc, spec.encoder.encode(resid).numpy(), resid.norm(dim=-1).numpy(), span).score
+                  for resid, span in rows(benign))
+
+
+def test_fit_adds_a_probe_that_holds_the_budget_and_scores_as_served():
+    sel, cal, rows = _fitting_prompts()
     enc, _ = add_probe_column(_encoder(), np.ones(D))           # the response gate's probe, already there
     prompt = GateSpec(Head([3, 7], [0.6, 0.4], bias=-0.5), FINAL, 0.9, benign_scores=[0.1, 0.5, 0.8])
     resp = GateSpec(Head([3], [1.0]), Pooling(4, 2), 0.7, probe=Head([-1], [1.0], None, -1.0), probe_threshold=0.1)
@@ -158,14 +176,7 @@ def test_fit_adds_a_probe_that_holds_the_budget_and_scores_as_served():
     assert rec["calibration"]["with_probe"]["flagged_benign_traffic"] <= 0.05
     assert len(g.benign_scores) == sum(1 for s in cal if s.label == 0)
     # the served score of a calibration prompt is the sum the fit thresholded
-    sc = new.scorer("prompt")
-    scores = []
-    for s in cal:
-        resid, span = table[s.group]
-        seq = score_sequence(sc, new.encoder.encode(resid).numpy(), resid.norm(dim=-1).numpy(), span)
-        scores.append(seq.score)
-    benign = sorted(x for x, s in zip(scores, cal, strict=True) if s.label == 0)
-    np.testing.assert_allclose(benign, g.benign_scores, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_served_benign_scores(new, cal, rows), g.benign_scores, rtol=1e-5, atol=1e-5)
     # refitting replaces the prompt probe's column rather than adding another
     again, _ = fit_prompt_probe(new, rows, sel, cal, budget=0.05)
     assert again.encoder.columns == [3, 7, 11, -1, -2] and again.gates["prompt"].threshold == pytest.approx(g.threshold)
@@ -231,14 +242,7 @@ def test_hidden_probe_fit_folds_its_scaling_and_reads_what_a_line_cannot():
 
 
 def test_fit_with_a_hidden_layer_serves_one_column_per_unit():
-    rng = np.random.default_rng(1)
-    sel, r1 = _samples(240, rng, "sel")
-    cal, r2 = _samples(240, rng, "cal")
-    table = {**r1, **r2}
-
-    def rows(ss):
-        return [table[s.group] for s in ss]
-
+    sel, cal, rows = _fitting_prompts()
     prompt = GateSpec(Head([3, 7], [0.6, 0.4], bias=-0.5), FINAL, 0.9, benign_scores=[0.1, 0.5, 0.8])
     resp = GateSpec(Head([3], [1.0]), Pooling(4, 2), 0.7)
     spec = MonitorSpec(_encoder(), {"prompt": prompt, "response": resp}, "m")
@@ -248,11 +252,7 @@ def test_fit_with_a_hidden_layer_serves_one_column_per_unit():
     assert g.probe_hidden is not None and len(g.probe_hidden.weights) == units
     assert new.encoder.columns == [3, 7, 11, *(probe_id(j) for j in range(units))]
     assert rec["calibration"]["with_probe"]["flagged_benign_traffic"] <= 0.05
-    sc = new.scorer("prompt")
-    benign = sorted(score_sequence(sc, new.encoder.encode(table[s.group][0]).numpy(),
-                                   table[s.group][0].norm(dim=-1).numpy(), table[s.group][1]).score
-                    for s in cal if s.label == 0)
-    np.testing.assert_allclose(benign, g.benign_scores, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_served_benign_scores(new, cal, rows), g.benign_scores, rtol=1e-5, atol=1e-5)
     # taking it out removes every unit's column; a logistic refit then adds one column again
     back = without_probe(new, "prompt")
     assert back.encoder.columns == [3, 7, 11] and back.gates["prompt"].probe_hidden is None
