@@ -138,7 +138,8 @@ def _generator_strings() -> list[str]:
                                                  ("fresh_benign_edgy_e", 90, 9), ("fresh_harmful_g", 110, 11),
                                                  ("fresh_benign_edgy_f", 90, 9), ("fresh_harmful_h", 110, 11),
                                                  ("fresh_benign_edgy_g", 90, 9), ("fresh_harmful_i", 110, 11),
-                                                 ("fresh_benign_edgy_h", 90, 9)])
+                                                 ("fresh_benign_edgy_h", 90, 9), ("fresh_harmful_j", 110, 11),
+                                                 ("fresh_benign_edgy_i", 90, 9)])
 def test_fresh_sets_format_and_counts(name: str, min_n: int, min_cats: int) -> None:
     rows = load_eval_prompts(name)
     assert len(rows) >= min_n
@@ -167,10 +168,10 @@ def test_no_duplicates_within_or_across_sets() -> None:
         seen[t] = name
 
 
-# The newest pair, written after the eighth/seventh pair (fresh_harmful_h, fresh_benign_edgy_g) had been scored once
+# The newest pair, written after the ninth/eighth pair (fresh_harmful_i, fresh_benign_edgy_h) had been scored once
 # on two builds (the served build and a candidate, which was then served): it judges the next change to the prompt
 # gate on requests no choice has seen, so it must not reword any request of the earlier sets.
-LATEST = ("fresh_harmful_i", "fresh_benign_edgy_h")
+LATEST = ("fresh_harmful_j", "fresh_benign_edgy_i")
 
 
 def test_the_latest_sets_reword_no_earlier_request() -> None:
