@@ -932,6 +932,7 @@ def run_ladder_eval(artifacts: str | Path, out: str | Path, work_dir: str | Path
         generated_residuals=generated_residuals if with_generated else None,
         response_as_served=response_as_served,
         prompt_probe_hidden=int(prov["config"].get("prompt_probe_hidden", 0)),
+        prompt_probe_linear=bool(prov["config"].get("prompt_probe_linear", False)),
         groups=eval_groups(drift_bodies(every),
                            read_drift_annotation(drift_annotation) if drift_annotation is not None else None))
     rep: dict[str, Any] = {"artifacts": str(art), "served_layer": served, "layers": use_layers, "dtype": dtype,

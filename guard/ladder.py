@@ -35,7 +35,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -153,9 +153,13 @@ class HiddenProbe:
     w2: np.ndarray      # (units,)
     b2: float
     info: dict[str, Any]
+    # a line beside the hidden layer, its weight and bias folded in (``lin`` over the features, its bias in b2)
+    lin: np.ndarray | None = None
 
     def pooled(self, X: np.ndarray) -> np.ndarray:
-        return np.maximum(np.asarray(X, dtype=np.float64) @ self.W1 + self.b1, 0.0) @ self.w2 + self.b2
+        X = np.asarray(X, dtype=np.float64)
+        out = np.maximum(X @ self.W1 + self.b1, 0.0) @ self.w2 + self.b2
+        return out if self.lin is None else out + X @ self.lin
 
 
 # the prompt gate's hidden-layer probe: a narrow layer, strong dropout and weight decay, because the requests it
@@ -167,9 +171,11 @@ HIDDEN_SEEDS = 5
 
 
 def fit_hidden_probe(X: np.ndarray, y: np.ndarray, Xc: np.ndarray, yc: np.ndarray, units: int = 64,
-                     seeds: int = HIDDEN_SEEDS, epochs: int = HIDDEN_EPOCHS) -> HiddenProbe:
+                     seeds: int = HIDDEN_SEEDS, epochs: int = HIDDEN_EPOCHS, linear: bool = False) -> HiddenProbe:
     """Class-balanced fits of one hidden layer on standardised features (dropout on the input and the units,
-    AdamW), each seed's epoch kept by calibration-split average precision; the seeds are averaged."""
+    AdamW), each seed's epoch kept by calibration-split average precision; the seeds are averaged. ``linear``:
+    add :func:`fit_probe`'s logit on the same features, weighted by the ratio of the two probes' spreads over the
+    calibration split's negatives, so that neither part dominates the sum by scale alone."""
     import torch
 
     mu = X.mean(0)
@@ -210,10 +216,22 @@ def fit_hidden_probe(X: np.ndarray, y: np.ndarray, Xc: np.ndarray, yc: np.ndarra
         w2.append(w_out[0] / seeds)
         b2.append(float(b_out[0]) / seeds)
         aps.append(best_ap)
-    return HiddenProbe(np.concatenate(W1, 1), np.concatenate(b1), np.concatenate(w2), float(sum(b2)),
-                       {"fit": "one hidden layer of ReLU units on the mean residual, seeds averaged", "units": units,
-                        "seeds": seeds, "epochs": epochs, "dropout": HIDDEN_DROPOUT,
-                        "weight_decay": HIDDEN_WEIGHT_DECAY, "calib_average_precision_per_seed": aps})
+    hp = HiddenProbe(np.concatenate(W1, 1), np.concatenate(b1), np.concatenate(w2), float(sum(b2)),
+                     {"fit": "one hidden layer of ReLU units on the mean residual, seeds averaged", "units": units,
+                      "seeds": seeds, "epochs": epochs, "dropout": HIDDEN_DROPOUT,
+                      "weight_decay": HIDDEN_WEIGHT_DECAY, "calib_average_precision_per_seed": aps})
+    if not linear:
+        return hp
+    # the line carries over to requests unlike its fitting ones differently from the hidden layer; the sum keeps
+    # what each gets right where the other is unsure
+    lp = fit_probe(X, y, Xc, yc)
+    neg = yc == 0
+    lam = added_weight(hp.pooled(Xc[neg]), lp.pooled(Xc[neg])) if neg.sum() > 1 else 0.0
+    return replace(hp, b2=hp.b2 + lam * lp.b, lin=lam * np.asarray(lp.w, dtype=np.float64),
+                   info={**hp.info, "fit": hp.info["fit"] + ", plus a spread-weighted logistic line",
+                         "linear": {"C": lp.C, "weight": lam,
+                                    "calib_average_precision": C.average_precision(lp.pooled(Xc), yc)
+                                    if 0 < yc.sum() < len(yc) else 0.0}})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -329,6 +347,7 @@ class LadderInputs:
     # the units per seed of the served prompt probe's hidden layer (0: a logistic regression), which the prompt
     # gate's leave-outs fit as the build does
     prompt_probe_hidden: int = 0
+    prompt_probe_linear: bool = False
 
 
 def run_ladder(inp: LadderInputs, layers: Sequence[int]) -> dict[str, Any]:
@@ -545,7 +564,7 @@ def _fit_gate_probe(inp: LadderInputs, layer: int, gate: str, Xs: np.ndarray, y_
         gs, gys, gc, gyc = inp.generated_residuals(layer)
         Xs, y_sel, Xc, y_cal = np.vstack([Xs, gs]), np.concatenate([y_sel, gys]), np.vstack([Xc, gc]), np.concatenate([y_cal, gyc])
     if gate == "prompt" and inp.prompt_probe_hidden:
-        return fit_hidden_probe(Xs, y_sel, Xc, y_cal, inp.prompt_probe_hidden)
+        return fit_hidden_probe(Xs, y_sel, Xc, y_cal, inp.prompt_probe_hidden, linear=inp.prompt_probe_linear)
     return fit_probe(Xs, y_sel, Xc, y_cal)
 
 

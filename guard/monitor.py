@@ -194,27 +194,38 @@ class HiddenLayer:
     """A probe with one hidden layer of ReLU units, for a gate whose probe is added to its score: the probe head's
     columns hold each unit's pre-activation without its bias, which is linear in the residual, so pooling the
     columns pools the residual the way the gate pools it; the units' biases, the ReLU and the output weights are
-    applied after pooling (the output bias is the probe head's)."""
+    applied after pooling (the output bias is the probe head's). ``linear``: output weights of further columns
+    after the units, read as they pool, without bias or ReLU (a line beside the hidden layer)."""
 
     bias: list[float]
     weights: list[float]
+    linear: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.bias) != len(self.weights) or not self.weights:
             raise ValueError(f"a hidden layer needs one bias and one output weight per unit, got {len(self.bias)} "
                              f"biases and {len(self.weights)} weights")
 
+    @property
+    def n_columns(self) -> int:
+        return len(self.weights) + len(self.linear)
+
     def apply(self, pooled: np.ndarray) -> np.ndarray:
-        """(T, units) pooled pre-activations -> (T,) the probe's score before its output bias."""
+        """(T, units + linear columns) pooled values -> (T,) the probe's score before its output bias."""
         b, w = np.asarray(self.bias, dtype=np.float64), np.asarray(self.weights, dtype=np.float64)
-        return np.maximum(np.atleast_2d(pooled) + b, 0.0) @ w
+        p = np.atleast_2d(pooled)
+        n = len(w)
+        out = np.maximum(p[:, :n] + b, 0.0) @ w
+        return out + p[:, n:] @ np.asarray(self.linear, dtype=np.float64) if self.linear else out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bias": [float(x) for x in self.bias], "weights": [float(x) for x in self.weights]}
+        return {"bias": [float(x) for x in self.bias], "weights": [float(x) for x in self.weights],
+                **({"linear": [float(x) for x in self.linear]} if self.linear else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HiddenLayer:
-        return cls([float(x) for x in d["bias"]], [float(x) for x in d["weights"]])
+        return cls([float(x) for x in d["bias"]], [float(x) for x in d["weights"]],
+                   [float(x) for x in d.get("linear", [])])
 
 
 @dataclass
@@ -251,8 +262,9 @@ class GateScorer:
         if self.context is not None and self.pooling.final:
             raise ValueError("a context term belongs to a gate that scores a response after its context")
         if self.probe_hidden is not None and (self.probe is None or self.probe_weight is None
-                                              or len(self.probe.ids) != len(self.probe_hidden.weights)):
-            raise ValueError("a hidden layer belongs to a probe added to the gate's score, one column per unit")
+                                              or len(self.probe.ids) != self.probe_hidden.n_columns):
+            raise ValueError("a hidden layer belongs to a probe added to the gate's score, one column per unit "
+                             "and per linear weight")
         self._ov = _Readout(self.overall, pos)
         self._cat = {c: _Readout(h, pos) for c, h in self.categories.items()}
         self._ctx = None if self.context is None else _Readout(self.context.head, pos)

@@ -136,6 +136,8 @@ class BuildConfig:
     prompt_probe: bool = True
     # units of that probe's hidden layer per seed (guard.ladder.fit_hidden_probe); 0: a logistic regression
     prompt_probe_hidden: int = 64
+    # a spread-weighted logistic line added beside that hidden layer (guard.ladder.fit_hidden_probe's ``linear``)
+    prompt_probe_linear: bool = False
     max_tokens: int = 2048           # guard context used for fitting (longer conversations keep their end)
     category_latents: int = 24
     posthoc_samples: int = 200       # per split and gate, for the safeguard's post-hoc verdict numbers
@@ -914,7 +916,8 @@ def build(out_dir: str | Path = DEFAULT_ARTIFACTS, base_model: str | Path | None
 
             p_sel, p_cal = prompt_samples({"select": sel, "calib": cal}, cfg)
             spec, rep["prompt"]["probe"] = fit_prompt_probe(spec, model_rows(net, tok, chosen, cfg.max_tokens),
-                                                            p_sel, p_cal, cfg.budget_prompt, cfg.prompt_probe_hidden)
+                                                            p_sel, p_cal, cfg.budget_prompt, cfg.prompt_probe_hidden,
+                                                            cfg.prompt_probe_linear)
         spec.save(out / "monitors" / name)
         m_rec.write_text(json.dumps({"key": _hash([fit_key, name, chosen]), "report": rep}, default=str))
         monitors[name] = rep

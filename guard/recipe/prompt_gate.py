@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 PROMPT_GATE_FIELDS = frozenset({
     "prompt_head_grid", "prompt_head_fit", "prompt_head_c", "prompt_head_final", "prompt_refit_grid",
     "prompt_refit_c", "structured_negatives", "edgy_negatives", "direct_positives", "budget_prompt", "threads",
-    "prompt_probe", "prompt_probe_hidden",
+    "prompt_probe", "prompt_probe_hidden", "prompt_probe_linear",
 })
 
 
@@ -272,7 +272,8 @@ def refit_prompt_gate(out_dir: str | Path, base_model: str | Path | None = None,
 
             p_sel, p_cal = prompt_samples(ds.splits, cfg)
             spec, rep["prompt"]["probe"] = fit_prompt_probe(spec, model_rows(model, tok, layer, cfg.max_tokens),
-                                                            p_sel, p_cal, cfg.budget_prompt, cfg.prompt_probe_hidden)
+                                                            p_sel, p_cal, cfg.budget_prompt, cfg.prompt_probe_hidden,
+                                                            cfg.prompt_probe_linear)
         spec.save(out / "monitors" / name)
         rec_f = out / "monitors" / name / "build.json"
         rec = json.loads(rec_f.read_text()) if rec_f.is_file() else {"report": {}}

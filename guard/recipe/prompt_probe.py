@@ -43,7 +43,7 @@ from guard.recipe.sources import Sample
 
 log = logging.getLogger(__name__)
 
-PROMPT_PROBE_FIELDS = frozenset({"prompt_probe", "prompt_probe_hidden", "threads"})
+PROMPT_PROBE_FIELDS = frozenset({"prompt_probe", "prompt_probe_hidden", "prompt_probe_linear", "threads"})
 
 # (residual after the layer (T, d), scored span) of each sample's conversation, as the guard reads it
 Rows = Callable[[Sequence[Sample]], list[tuple[Any, tuple[int, int]]]]
@@ -86,10 +86,11 @@ def scored_mean(resid: Any, span: tuple[int, int], norm_ratio: float = 10.0) -> 
 
 
 def fit_prompt_probe(spec: MonitorSpec, rows: Rows, sel: Sequence[Sample], cal: Sequence[Sample], budget: float,
-                     hidden: int = 0) -> tuple[MonitorSpec, dict[str, Any]]:
+                     hidden: int = 0, linear: bool = False) -> tuple[MonitorSpec, dict[str, Any]]:
     """``spec`` with a residual probe added to its prompt gate's score, fitted on ``sel`` and calibrated at
     ``budget`` on ``cal`` (prompt samples, generated ones included); and the record of the fit. ``hidden``: the
-    units of the probe's hidden layer per seed (0: a logistic regression)."""
+    units of the probe's hidden layer per seed (0: a logistic regression); ``linear``: with a hidden layer, a
+    logistic line beside it (one more column)."""
     from guard.ladder import HiddenProbe, added_weight, fit_hidden_probe, fit_probe
 
     t0 = time.time()
@@ -103,7 +104,10 @@ def fit_prompt_probe(spec: MonitorSpec, rows: Rows, sel: Sequence[Sample], cal: 
     X_cal, ro_cal = _features(spec, rows(cal))
     y_sel = np.array([s.label for s in sel])
     y_cal = np.array([s.label for s in cal])
-    probe = fit_hidden_probe(X_sel, y_sel, X_cal, y_cal, hidden) if hidden else fit_probe(X_sel, y_sel, X_cal, y_cal)
+    if linear and not hidden:
+        raise ValueError("a line beside the prompt probe's hidden layer needs a hidden layer (prompt_probe_hidden)")
+    probe = (fit_hidden_probe(X_sel, y_sel, X_cal, y_cal, hidden, linear=linear) if hidden
+             else fit_probe(X_sel, y_sel, X_cal, y_cal))
     del X_sel
     pr_cal = probe.pooled(X_cal)
     bt_all = np.array([is_benign_traffic(s) for s in cal], dtype=bool)
@@ -114,10 +118,13 @@ def fit_prompt_probe(spec: MonitorSpec, rows: Rows, sel: Sequence[Sample], cal: 
     thr, bt, _, own = budget_threshold(combined, list(cal), budget)
     units: HiddenLayer | None = None
     if isinstance(probe, HiddenProbe):
-        # one encoder column per hidden unit: its pre-activation is linear in the residual, so the gate pools it
-        encoder, pids = add_probe_columns(spec.encoder, probe.W1)
+        # one encoder column per hidden unit: its pre-activation is linear in the residual, so the gate pools it;
+        # the line beside the layer is one more column, read as it pools
+        W = probe.W1 if probe.lin is None else np.hstack([probe.W1, probe.lin[:, None]])
+        encoder, pids = add_probe_columns(spec.encoder, W)
         head = Head(pids, [1.0] * len(pids), None, float(probe.b2), None, "residual_probe", probe.info)
-        units = HiddenLayer([float(x) for x in probe.b1], [float(x) for x in probe.w2])
+        units = HiddenLayer([float(x) for x in probe.b1], [float(x) for x in probe.w2],
+                            [] if probe.lin is None else [1.0])
         fit_rec: dict[str, Any] = {"hidden": probe.info}
     else:
         encoder, pid = add_probe_column(spec.encoder, np.asarray(probe.w, dtype=np.float32))
@@ -183,7 +190,7 @@ def refit_prompt_probe(out_dir: str | Path, base_model: str | Path | None = None
     def fit(name: str, model: Any, tok: Any, spec: MonitorSpec, progress: Callable[[float], None]
             ) -> tuple[MonitorSpec, dict[str, Any]]:
         return fit_prompt_probe(spec, model_rows(model, tok, layer, cfg.max_tokens), sel, cal, cfg.budget_prompt,
-                                cfg.prompt_probe_hidden)
+                                cfg.prompt_probe_hidden, cfg.prompt_probe_linear)
 
     record: dict[str, Any] = {"layer": layer, "prompts": {"select": len(sel), "calib": len(cal)}}
     return refit_each_monitor(

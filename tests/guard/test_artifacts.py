@@ -93,10 +93,14 @@ def test_monitor_is_sparse_and_calibrated_under_the_budget(name: str) -> None:
             # the prompt gate's probe is added to the read-out's score: the threshold and benign scores checked
             # above are the sum's, and the sum does better on the calibration split than the read-out alone
             assert g.probe_weight is not None and g.probe_weight > 0 and g.probe_threshold is None
-            # one encoder column per hidden unit where the probe has a hidden layer, else one column
-            units = 1 if g.probe_hidden is None else len(g.probe_hidden.weights)
-            assert len(g.probe.ids) == units and set(g.probe.ids) <= set(spec.encoder.probe_ids)
-            assert g.probe_hidden is None or units == cfg["prompt_probe_hidden"] * g.calibration["probe"]["hidden"]["seeds"]
+            # one encoder column per hidden unit (and one for a line beside them) where the probe has a hidden
+            # layer, else one column
+            cols = 1 if g.probe_hidden is None else g.probe_hidden.n_columns
+            assert len(g.probe.ids) == cols and set(g.probe.ids) <= set(spec.encoder.probe_ids)
+            if g.probe_hidden is not None:
+                units = cfg["prompt_probe_hidden"] * g.calibration["probe"]["hidden"]["seeds"]
+                assert len(g.probe_hidden.weights) == units
+                assert len(g.probe_hidden.linear) == int(cfg.get("prompt_probe_linear", False))
             rec = g.calibration["probe"]
             assert rec["threshold"] == pytest.approx(g.threshold)
             assert rec["calibration"]["with_probe"]["balanced_accuracy"] > rec["calibration"]["readout_only"]["balanced_accuracy"]

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from guard.monitor import HiddenLayer
 from tests.guard.conftest import tiny_tokenizer
 from tests.guard.test_production import _save_tiny
 
@@ -80,9 +81,12 @@ def test_build_outputs(built):
     # the prompt gate's probe: added to its read-out's score, one threshold on the sum at the prompt budget
     pp = prov["monitors"]["lora"]["prompt"]["probe"]
     ph = heads["prompt"]
-    # with a hidden layer: one encoder column per unit of every seed, after the response probe's
+    # with a hidden layer: one encoder column per unit of every seed (and one for a line beside them), after the
+    # response probe's
     units = prov["config"]["prompt_probe_hidden"] * pp["hidden"]["seeds"]
-    assert ph["probe"]["ids"] == [-2 - j for j in range(units)] and len(ph["probe_hidden"]["weights"]) == units
+    line = int(prov["config"]["prompt_probe_linear"])
+    assert ph["probe"]["ids"] == [-2 - j for j in range(units + line)] and len(ph["probe_hidden"]["weights"]) == units
+    assert len(ph["probe_hidden"].get("linear", [])) == line
     assert ph["probe_weight"] == pp["weight"] and ph["probe_threshold"] is None
     assert ph["threshold"] == pp["threshold"] and pp["readout_threshold"] == ph["calibration"]["calib"]["threshold"]
     assert pp["calibration"]["with_probe"]["flagged_benign_traffic"] <= 0.02 + 1e-9
@@ -232,7 +236,7 @@ def test_prompt_gate_refit_keeps_everything_else(built, tmp_path):
         spec.scorer("response")
         resp_ids, prompt_ids = spec.gates["response"].probe.ids, spec.gates["prompt"].probe.ids
         assert sorted(spec.encoder.probe_ids) == sorted([*resp_ids, *prompt_ids]) and len(resp_ids) == 1
-        assert len(prompt_ids) == len(after["prompt"]["probe_hidden"]["weights"])
+        assert len(prompt_ids) == HiddenLayer.from_dict(after["prompt"]["probe_hidden"]).n_columns
         assert after["prompt"]["probe_weight"] == new["monitors"][n]["prompt"]["probe"]["weight"]
         assert after["prompt"]["threshold"] == pytest.approx(spec.gates["prompt"].threshold_for_budget(0.02))
         assert json.loads((art / "monitors" / n / "build.json").read_text())["key"].startswith("prompt-refit:")
@@ -328,7 +332,7 @@ def test_prompt_probe_refit_keeps_every_read_out(built, tmp_path):
         spec = MonitorSpec.load(art / "monitors" / n, n)
         resp_ids, prompt_ids = spec.gates["response"].probe.ids, spec.gates["prompt"].probe.ids
         assert sorted(spec.encoder.probe_ids) == sorted([*resp_ids, *prompt_ids]) and len(resp_ids) == 1
-        assert len(prompt_ids) == len(after["prompt"]["probe_hidden"]["weights"])
+        assert len(prompt_ids) == HiddenLayer.from_dict(after["prompt"]["probe_hidden"]).n_columns
         g = spec.gates["prompt"]
         assert g.probe_weight == rec["monitors"][n]["weight"] and g.threshold == pytest.approx(g.threshold_for_budget(0.02))
         spec.scorer("response")
@@ -368,7 +372,7 @@ def test_response_gate_refit_on_rebuilt_drift_keeps_the_prompt_gate(built, tmp_p
         spec = MonitorSpec.load(art / "monitors" / n, n)
         resp_ids, prompt_ids = spec.gates["response"].probe.ids, spec.gates["prompt"].probe.ids
         assert sorted(spec.encoder.probe_ids) == sorted([*resp_ids, *prompt_ids]) and len(resp_ids) == 1
-        assert len(prompt_ids) == len(after["prompt"]["probe_hidden"]["weights"])
+        assert len(prompt_ids) == HiddenLayer.from_dict(after["prompt"]["probe_hidden"]).n_columns
         spec.scorer("prompt")
         g = spec.gates["response"]
         assert set(g.all_ids()) <= set(spec.encoder.ids)

@@ -260,6 +260,54 @@ def test_fit_with_a_hidden_layer_serves_one_column_per_unit():
     assert lin.encoder.columns == [3, 7, 11, -1] and lin.gates["prompt"].probe_hidden is None
 
 
+def test_a_line_beside_the_hidden_layer_is_one_more_column_read_as_it_pools():
+    layer = HiddenLayer([0.2, -0.3], [1.5, -0.7], [0.4])
+    pooled = np.array([[0.5, 0.1, -2.0], [-1.0, 0.6, 3.0]])
+    want = np.maximum(pooled[:, :2] + [0.2, -0.3], 0.0) @ [1.5, -0.7] + 0.4 * pooled[:, 2]
+    np.testing.assert_allclose(layer.apply(pooled), want, rtol=1e-12)
+    assert layer.n_columns == 3 and HiddenLayer.from_dict(layer.to_dict()) == layer
+    # the artifact of a layer without a line reads as before
+    assert "linear" not in HiddenLayer([0.2], [1.5]).to_dict()
+    ov = Head([3], [1.0], bias=-0.1)
+    with pytest.raises(ValueError, match="per linear weight"):
+        GateScorer(ov, [3, -1, -2], 0.5, FINAL, probe=Head([-1, -2], [1.0, 1.0]), probe_weight=0.6,
+                   probe_hidden=layer)
+
+
+def test_a_fit_with_a_line_serves_the_sum_of_the_two_probes():
+    rng = np.random.default_rng(5)
+
+    def draw(n):
+        X = rng.normal(0.0, 1.0, size=(n, 4)) * [1.0, 1.0, 5.0, 0.2] + [0.0, 0.0, 10.0, -3.0]
+        return X, ((np.abs(X[:, 0]) > 1.0) | (X[:, 1] > 1.5)).astype(int)
+
+    X, y = draw(800)
+    Xc, yc = draw(400)
+    hp = fit_hidden_probe(X, y, Xc, yc, units=8, seeds=1, epochs=20)
+    both = fit_hidden_probe(X, y, Xc, yc, units=8, seeds=1, epochs=20, linear=True)
+    lin = fit_probe(X, y, Xc, yc)
+    lam = both.info["linear"]["weight"]
+    # the same hidden layer (same seeds), plus the logistic line at the spread ratio over the negatives
+    np.testing.assert_allclose(both.W1, hp.W1)
+    np.testing.assert_allclose(both.w2, hp.w2)
+    assert lam == pytest.approx(np.std(hp.pooled(Xc[yc == 0])) / np.std(lin.pooled(Xc[yc == 0])), rel=1e-9)
+    np.testing.assert_allclose(both.pooled(Xc), hp.pooled(Xc) + lam * lin.pooled(Xc), rtol=1e-9, atol=1e-9)
+    # served: the units and the line as encoder columns, the layer after the pool, is the probe on the mean
+    sel, cal, rows = _fitting_prompts()
+    prompt = GateSpec(Head([3, 7], [0.6, 0.4], bias=-0.5), FINAL, 0.9, benign_scores=[0.1, 0.5, 0.8])
+    spec = MonitorSpec(_encoder(), {"prompt": prompt, "response": GateSpec(Head([3], [1.0]), Pooling(4, 2), 0.7)},
+                       "m")
+    new, rec = fit_prompt_probe(spec, rows, sel, cal, budget=0.05, hidden=4, linear=True)
+    g = new.gates["prompt"]
+    units = 4 * rec["hidden"]["seeds"]
+    assert g.probe_hidden is not None and len(g.probe_hidden.weights) == units and g.probe_hidden.linear == [1.0]
+    assert new.encoder.columns == [3, 7, 11, *(probe_id(j) for j in range(units + 1))]
+    assert rec["hidden"]["linear"]["weight"] > 0
+    np.testing.assert_allclose(_served_benign_scores(new, cal, rows), g.benign_scores, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="needs a hidden layer"):
+        fit_prompt_probe(spec, rows, sel, cal, budget=0.05, linear=True)
+
+
 def test_probe_by_depth_finds_the_layer_that_holds_the_signal():
     """Of two depths, only the one whose features carry the label reads the held-out sets; the learning curve
     refits on fewer select samples and is scored like the full fit."""
