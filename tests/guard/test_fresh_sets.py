@@ -170,7 +170,8 @@ def test_no_duplicates_within_or_across_sets() -> None:
 
 # The newest pair, written after the ninth/eighth pair (fresh_harmful_i, fresh_benign_edgy_h) had been scored once
 # on two builds (the served build and a candidate, which was then served): it judges the next change to the prompt
-# gate on requests no choice has seen, so it must not reword any request of the earlier sets.
+# gate on requests no choice has seen, so it must not reword any request of the earlier sets. (It has since been
+# scored once, after a candidate was judged on development data; a pair written next takes its place here.)
 LATEST = ("fresh_harmful_j", "fresh_benign_edgy_i")
 
 
