@@ -38,6 +38,8 @@ SETS: dict[str, int] = {
     "fresh_benign_edgy_h": 0,
     "fresh_harmful_j": 1,
     "fresh_benign_edgy_i": 0,
+    "fresh_harmful_k": 1,
+    "fresh_benign_edgy_j": 0,
     "everyday": 0,
     "sensitive": 0,
     "structured": 0,

@@ -139,7 +139,8 @@ def _generator_strings() -> list[str]:
                                                  ("fresh_benign_edgy_f", 90, 9), ("fresh_harmful_h", 110, 11),
                                                  ("fresh_benign_edgy_g", 90, 9), ("fresh_harmful_i", 110, 11),
                                                  ("fresh_benign_edgy_h", 90, 9), ("fresh_harmful_j", 110, 11),
-                                                 ("fresh_benign_edgy_i", 90, 9)])
+                                                 ("fresh_benign_edgy_i", 90, 9), ("fresh_harmful_k", 110, 11),
+                                                 ("fresh_benign_edgy_j", 90, 9)])
 def test_fresh_sets_format_and_counts(name: str, min_n: int, min_cats: int) -> None:
     rows = load_eval_prompts(name)
     assert len(rows) >= min_n
@@ -168,11 +169,10 @@ def test_no_duplicates_within_or_across_sets() -> None:
         seen[t] = name
 
 
-# The newest pair, written after the ninth/eighth pair (fresh_harmful_i, fresh_benign_edgy_h) had been scored once
-# on two builds (the served build and a candidate, which was then served): it judges the next change to the prompt
-# gate on requests no choice has seen, so it must not reword any request of the earlier sets. (It has since been
-# scored once, after a candidate was judged on development data; a pair written next takes its place here.)
-LATEST = ("fresh_harmful_j", "fresh_benign_edgy_i")
+# The newest pair, written after the tenth/ninth pair (fresh_harmful_j, fresh_benign_edgy_i) had been scored once
+# on two builds (the served build and a rejected candidate): it judges the next change to the prompt gate on
+# requests no choice has seen, so it must not reword any request of the earlier sets.
+LATEST = ("fresh_harmful_k", "fresh_benign_edgy_j")
 
 
 def test_the_latest_sets_reword_no_earlier_request() -> None:
