@@ -172,6 +172,9 @@ class BuildConfig:
                              + (f"; did you mean {close[0]!r}?" if close else ""))
         if self.response_probe_fit == "window_max" and (not self.response_probe_c or min(self.response_probe_c) <= 0):
             raise ValueError(f"response_probe_c must hold Cs > 0 for a window_max probe, got {self.response_probe_c}")
+        if self.prompt_probe_linear and not self.prompt_probe_hidden:
+            raise ValueError("prompt_probe_linear adds a line beside the prompt probe's hidden layer: it needs "
+                             "prompt_probe_hidden > 0")
 
 
 CPU = BuildConfig()

@@ -306,6 +306,11 @@ def test_a_fit_with_a_line_serves_the_sum_of_the_two_probes():
     np.testing.assert_allclose(_served_benign_scores(new, cal, rows), g.benign_scores, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="needs a hidden layer"):
         fit_prompt_probe(spec, rows, sel, cal, budget=0.05, linear=True)
+    # and a build asking for it without a hidden layer fails before any stage runs
+    from guard.recipe.pipeline import BuildConfig
+
+    with pytest.raises(ValueError, match="needs prompt_probe_hidden"):
+        BuildConfig(prompt_probe_hidden=0, prompt_probe_linear=True)
 
 
 def test_probe_by_depth_finds_the_layer_that_holds_the_signal():
