@@ -120,6 +120,11 @@ class LinearProbe:
         return out
 
 
+def _calib_ap(scores: np.ndarray, yc: np.ndarray) -> float:
+    """Average precision on the calibration split, 0 where it holds one class only (nothing to rank)."""
+    return C.average_precision(scores, yc) if 0 < yc.sum() < len(yc) else 0.0
+
+
 def fit_probe(X: np.ndarray, y: np.ndarray, Xc: np.ndarray, yc: np.ndarray, seed: int = 0) -> LinearProbe:
     """Class-balanced L2 logistic regression on standardised features; C chosen by calibration-split AP."""
     from sklearn.linear_model import LogisticRegression
@@ -135,7 +140,7 @@ def fit_probe(X: np.ndarray, y: np.ndarray, Xc: np.ndarray, yc: np.ndarray, seed
         m.fit(Z, y)
         w = m.coef_[0] / sd
         p = LinearProbe(w, float(m.intercept_[0] - (m.coef_[0] * mu / sd).sum()), c)
-        ap = C.average_precision(p.pooled(Xc), yc) if 0 < yc.sum() < len(yc) else 0.0
+        ap = _calib_ap(p.pooled(Xc), yc)
         if ap > best_ap:
             best, best_ap = p, ap
     assert best is not None
@@ -206,7 +211,7 @@ def fit_hidden_probe(X: np.ndarray, y: np.ndarray, Xc: np.ndarray, yc: np.ndarra
                 opt.step()
             net.eval()
             with torch.no_grad():
-                ap = C.average_precision(net(Zc).squeeze(-1).numpy(), yc) if 0 < yc.sum() < len(yc) else 0.0
+                ap = _calib_ap(net(Zc).squeeze(-1).numpy(), yc)
             if ap > best_ap:
                 best_ap, best = ap, [t.detach().clone() for t in (lin_in.weight, lin_in.bias, lin_out.weight, lin_out.bias)]
         assert best is not None
@@ -229,9 +234,7 @@ def fit_hidden_probe(X: np.ndarray, y: np.ndarray, Xc: np.ndarray, yc: np.ndarra
     lam = added_weight(hp.pooled(Xc[neg]), lp.pooled(Xc[neg])) if neg.sum() > 1 else 0.0
     return replace(hp, b2=hp.b2 + lam * lp.b, lin=lam * np.asarray(lp.w, dtype=np.float64),
                    info={**hp.info, "fit": hp.info["fit"] + ", plus a spread-weighted logistic line",
-                         "linear": {"C": lp.C, "weight": lam,
-                                    "calib_average_precision": C.average_precision(lp.pooled(Xc), yc)
-                                    if 0 < yc.sum() < len(yc) else 0.0}})
+                         "linear": {"C": lp.C, "weight": lam, "calib_average_precision": _calib_ap(lp.pooled(Xc), yc)}})
 
 
 # ------------------------------------------------------------------------------------------------
